@@ -1,0 +1,2 @@
+//! The `keel` command-line tool.
+fn main() {}

@@ -1,0 +1,284 @@
+//! The durable records of a run. A thread's history is nothing but its events; the run
+//! state, the conversation, traces, metrics and evaluations are all folds over them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::budget::Budget;
+use crate::decide::EndState;
+use crate::message::{Message, ToolCall, ToolResult, Usage};
+use crate::model::{ModelErrorKind, StopReason};
+use crate::tool::Effect;
+
+/// The version of the event schema written by this build. Readers accept older versions.
+pub const EVENT_SCHEMA_VERSION: u16 = 1;
+
+/// One durable record in a thread's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Event schema version.
+    pub v: u16,
+    /// Position in the thread's log, starting at 0, without gaps.
+    pub seq: u64,
+    /// When it was recorded.
+    pub ts: DateTime<Utc>,
+    /// The thread (conversation).
+    pub thread_id: String,
+    /// The run that produced it.
+    pub run_id: String,
+    /// The run's W3C trace id (32 hex digits).
+    pub trace_id: String,
+    /// The span this event belongs to (16 hex digits).
+    pub span_id: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// A record of a model failure, kept in the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelFailure {
+    /// Error class.
+    pub kind: ModelErrorKind,
+    /// Message.
+    pub message: String,
+    /// HTTP status, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+/// The next step a critic recommends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriticNext {
+    /// Carry on.
+    Continue,
+    /// Make a new plan.
+    Replan,
+    /// Ask the user.
+    Clarify,
+    /// Stop the run.
+    Stop,
+}
+
+/// What happened. Serialized with a `type` tag in snake_case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A run began.
+    RunStarted {
+        /// Agent name.
+        agent: String,
+        /// Model identifier (`provider:model`).
+        model: String,
+        /// The user's goal (the first new user message of the run).
+        goal: String,
+        /// Constraints stated for the run.
+        #[serde(default)]
+        constraints: Vec<String>,
+        /// The run's budget.
+        budget: Budget,
+    },
+    /// A user message was added to the conversation.
+    UserMessage {
+        /// The message.
+        message: Message,
+    },
+    /// A model call is about to be made.
+    ModelRequested {
+        /// 1-based model-call counter within the run.
+        turn: u32,
+        /// Model identifier.
+        model: String,
+        /// Messages sent.
+        message_count: u32,
+        /// Tools offered.
+        tool_count: u32,
+        /// Estimated input tokens.
+        estimated_input_tokens: u64,
+    },
+    /// The model answered.
+    ModelResponded {
+        /// Turn this answers.
+        turn: u32,
+        /// The assistant message (text, tool calls, provider items).
+        message: Message,
+        /// Token usage reported (or estimated).
+        usage: Usage,
+        /// Wall time of the call including retries, in milliseconds.
+        latency_ms: u64,
+        /// Why generation stopped.
+        stop_reason: StopReason,
+        /// Provider response id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_id: Option<String>,
+        /// Cost in US dollars, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+    },
+    /// The model call failed for good (after retries).
+    ModelFailed {
+        /// Turn that failed.
+        turn: u32,
+        /// The classified error.
+        error: ModelFailure,
+    },
+    /// The runner accepted a tool call from the model's answer.
+    ToolCallRequested {
+        /// The call as the model made it.
+        call: ToolCall,
+        /// The tool's effect, when the tool exists.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        effect: Option<Effect>,
+        /// Whether it waits for human approval.
+        requires_approval: bool,
+    },
+    /// A tool call began executing.
+    ToolCallStarted {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+    },
+    /// A tool call finished (success or typed error). Its result joins the conversation.
+    ToolCallFinished {
+        /// The result, including the full outcome.
+        result: ToolResult,
+    },
+    /// A call waits for a human decision.
+    ApprovalRequested {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Raw arguments.
+        arguments: String,
+    },
+    /// A human approved a call.
+    ApprovalGranted {
+        /// Call id.
+        call_id: String,
+        /// Who approved.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+    },
+    /// A human denied a call.
+    ApprovalDenied {
+        /// Call id.
+        call_id: String,
+        /// Why.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The agent asked the user a question and waits for the answer.
+    UserAsked {
+        /// The question.
+        question: String,
+        /// Fields the agent cannot know.
+        #[serde(default)]
+        missing_fields: Vec<String>,
+    },
+    /// The user answered.
+    UserAnswered {
+        /// The answer.
+        answer: String,
+    },
+    /// The plan changed.
+    Replanned {
+        /// The new subgoals.
+        subgoals: Vec<String>,
+    },
+    /// Messages of the context were replaced (the originals stay in this log).
+    Compacted {
+        /// Strategy name.
+        strategy: String,
+        /// How many context messages were replaced.
+        replaced: u32,
+        /// The context after compaction.
+        messages: Vec<Message>,
+    },
+    /// A critic's verdict.
+    Critique {
+        /// Whether the goal is met.
+        satisfied: bool,
+        /// What is still missing.
+        #[serde(default)]
+        known_gaps: Vec<String>,
+        /// Recommended next step.
+        next: CriticNext,
+    },
+    /// A retry of a model call or tool call.
+    Retry {
+        /// `model` or `tool`.
+        scope: String,
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// Error class that caused it.
+        class: String,
+        /// How long the runner waits before the next attempt, in milliseconds.
+        wait_ms: u64,
+        /// Tool call id, for tool retries.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+    },
+    /// Free-form note for things like warnings (history trimmed, stream restarted).
+    Notice {
+        /// Short machine-readable code.
+        code: String,
+        /// Human-readable text.
+        message: String,
+        /// Extra data.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+    },
+    /// The run ended.
+    RunEnded {
+        /// How it ended.
+        end_state: EndState,
+        /// Why, in words.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The final answer, when there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        final_text: Option<String>,
+    },
+}
+
+impl EventKind {
+    /// The `type` tag of this event.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "run_started",
+            Self::UserMessage { .. } => "user_message",
+            Self::ModelRequested { .. } => "model_requested",
+            Self::ModelResponded { .. } => "model_responded",
+            Self::ModelFailed { .. } => "model_failed",
+            Self::ToolCallRequested { .. } => "tool_call_requested",
+            Self::ToolCallStarted { .. } => "tool_call_started",
+            Self::ToolCallFinished { .. } => "tool_call_finished",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalGranted { .. } => "approval_granted",
+            Self::ApprovalDenied { .. } => "approval_denied",
+            Self::UserAsked { .. } => "user_asked",
+            Self::UserAnswered { .. } => "user_answered",
+            Self::Replanned { .. } => "replanned",
+            Self::Compacted { .. } => "compacted",
+            Self::Critique { .. } => "critique",
+            Self::Retry { .. } => "retry",
+            Self::Notice { .. } => "notice",
+            Self::RunEnded { .. } => "run_ended",
+        }
+    }
+}
+
+/// Generates W3C trace and span ids.
+pub fn new_trace_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// A new 16-hex-digit span id.
+pub fn new_span_id() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    id.chars().take(16).collect()
+}

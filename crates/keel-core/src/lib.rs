@@ -1,0 +1,45 @@
+//! `keel-core` is Keel's vocabulary and its pure run state machine.
+//!
+//! It defines messages, tool contracts ([`ToolSpec`], the typed [`Tool`] trait and its
+//! erased form [`DynTool`]), tool outcomes and the error taxonomy, the durable [`Event`]
+//! records of a run, budgets, the [`Model`] trait, and the decision function
+//! [`decide`] that reads a folded [`RunState`] and says what to do next.
+//!
+//! This crate must not do I/O: no async runtime, no HTTP, no database, no clock reads in
+//! `decide` (the caller passes `now`). Everything that performs actions lives in
+//! `keel-runtime` and the adapter crates, which depend on this one and never the reverse.
+
+pub mod budget;
+pub mod cancel;
+pub mod decide;
+pub mod event;
+pub mod message;
+pub mod model;
+pub mod outcome;
+pub mod registry;
+pub mod state;
+pub mod store;
+pub mod tool;
+
+pub use budget::Budget;
+pub use cancel::CancellationToken;
+pub use decide::{Action, EndState, decide};
+pub use event::{Event, EventKind, EVENT_SCHEMA_VERSION};
+pub use message::{Message, Part, Role, ToolCall, ToolResult, Usage};
+pub use model::{
+    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, ModelResponse,
+    StopReason, StreamEvent, ToolChoice,
+};
+pub use outcome::{ToolError, ToolErrorCode, ToolOutcome, ToolResultKind};
+pub use registry::{RegistryError, ToolRegistry};
+pub use state::RunState;
+pub use store::{EventStore, MemoryStore, StoreError};
+pub use tool::{
+    ApprovalMode, DynTool, Effect, RetryPolicy, Tool, ToolContext, ToolDefinition, ToolSpec,
+    TypedTool,
+};
+
+/// A new unique, time-ordered identifier (UUID v7) with a short prefix such as `thr` or `run`.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}

@@ -1,0 +1,301 @@
+//! The folded state of a thread: its conversation context and the state of the current
+//! run. [`RunState::apply`] costs O(1) per event (plus the size of the event itself), so
+//! rebuilding from a stored log and stepping a live run are the same fold.
+
+use chrono::{DateTime, Utc};
+
+use crate::budget::{Budget, Spent};
+use crate::decide::EndState;
+use crate::event::{Event, EventKind, ModelFailure};
+use crate::message::{Message, Part, Role, ToolCall, ToolResult, Usage};
+
+/// A tool call of the latest model answer that is not settled yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingCall {
+    /// The call.
+    pub call: ToolCall,
+    /// Whether it waits for human approval.
+    pub requires_approval: bool,
+    /// `Some(true)` approved, `Some(false)` denied, `None` undecided.
+    pub approval: Option<bool>,
+    /// Denial reason.
+    pub denial_reason: Option<String>,
+    /// Whether execution started (a start without a finish means it was interrupted).
+    pub started: bool,
+    /// Whether its result is in the conversation.
+    pub finished: bool,
+}
+
+impl PendingCall {
+    /// Whether it may run now.
+    pub fn is_runnable(&self) -> bool {
+        !self.finished && (!self.requires_approval || self.approval.is_some())
+    }
+}
+
+/// The state of the run in progress (or the last one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunScope {
+    /// Run id.
+    pub run_id: String,
+    /// Agent name.
+    pub agent: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its budget.
+    pub budget: Budget,
+    /// Model calls requested.
+    pub turns: u32,
+    /// Token usage summed over the run.
+    pub usage: Usage,
+    /// Known cost summed over the run.
+    pub cost_usd: f64,
+    /// Whether any cost was reported.
+    pub cost_known: bool,
+    /// A model call was requested and has no answer yet.
+    pub model_outstanding: bool,
+    /// Tool calls of the latest answer, in call order.
+    pub pending: Vec<PendingCall>,
+    /// An unanswered question to the user.
+    pub awaiting_user: Option<(String, Vec<String>)>,
+    /// The model failed for good.
+    pub model_failed: Option<ModelFailure>,
+    /// Subgoals of the current plan.
+    pub subgoals: Vec<String>,
+    /// Set when the run ended.
+    pub ended: Option<EndState>,
+    /// The latest assistant text.
+    pub final_text: Option<String>,
+}
+
+impl RunScope {
+    /// What the run has spent by `now`.
+    pub fn spent(&self, now: DateTime<Utc>) -> Spent {
+        let elapsed = now.signed_duration_since(self.started_at).num_milliseconds();
+        Spent {
+            turns: self.turns,
+            tokens: self.usage.total(),
+            cost_usd: self.cost_usd,
+            elapsed_ms: u64::try_from(elapsed).unwrap_or(0),
+        }
+    }
+}
+
+/// A thread folded from its events.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunState {
+    thread_id: String,
+    next_seq: u64,
+    messages: Vec<Message>,
+    /// Index in `messages` of the tool message collecting results of the latest answer.
+    open_results_message: Option<usize>,
+    run: Option<RunScope>,
+}
+
+impl RunState {
+    /// An empty thread.
+    pub fn new(thread_id: impl Into<String>) -> Self {
+        Self { thread_id: thread_id.into(), ..Self::default() }
+    }
+
+    /// Folds a whole log.
+    pub fn from_events<'e>(
+        thread_id: impl Into<String>,
+        events: impl IntoIterator<Item = &'e Event>,
+    ) -> Self {
+        let mut state = Self::new(thread_id);
+        for event in events {
+            state.apply(event);
+        }
+        state
+    }
+
+    /// The thread id.
+    pub fn thread_id(&self) -> &str {
+        &self.thread_id
+    }
+
+    /// The sequence number the next event must have.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The conversation context the model sees (after any compaction).
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The current or last run.
+    pub fn run(&self) -> Option<&RunScope> {
+        self.run.as_ref()
+    }
+
+    /// Whether a run is in progress (started and not ended).
+    pub fn run_in_progress(&self) -> bool {
+        self.run.as_ref().is_some_and(|run| run.ended.is_none())
+    }
+
+    /// Calls of the latest answer that have no result yet, in call order.
+    pub fn unanswered_calls(&self) -> impl Iterator<Item = &PendingCall> {
+        self.run.iter().flat_map(|run| run.pending.iter()).filter(|p| !p.finished)
+    }
+
+    /// The pending call with this id.
+    pub fn pending_call(&self, call_id: &str) -> Option<&PendingCall> {
+        self.run.as_ref()?.pending.iter().find(|p| p.call.id == call_id)
+    }
+
+    /// Folds one event. Events must come in sequence order; a result for a call that is not
+    /// pending, or a second result for the same call, is ignored so the context never holds
+    /// an orphan or a duplicate tool result.
+    pub fn apply(&mut self, event: &Event) {
+        self.next_seq = event.seq.saturating_add(1);
+        match &event.kind {
+            EventKind::RunStarted { agent, budget, .. } => {
+                self.run = Some(RunScope {
+                    run_id: event.run_id.clone(),
+                    agent: agent.clone(),
+                    started_at: event.ts,
+                    budget: *budget,
+                    turns: 0,
+                    usage: Usage::default(),
+                    cost_usd: 0.0,
+                    cost_known: false,
+                    model_outstanding: false,
+                    pending: Vec::new(),
+                    awaiting_user: None,
+                    model_failed: None,
+                    subgoals: Vec::new(),
+                    ended: None,
+                    final_text: None,
+                });
+            }
+            EventKind::UserMessage { message } => {
+                self.open_results_message = None;
+                self.messages.push(message.clone());
+            }
+            EventKind::ModelRequested { turn, .. } => {
+                if let Some(run) = &mut self.run {
+                    run.turns = run.turns.max(*turn);
+                    run.model_outstanding = true;
+                }
+            }
+            EventKind::ModelResponded { message, usage, cost_usd, .. } => {
+                self.open_results_message = None;
+                self.messages.push(message.clone());
+                if let Some(run) = &mut self.run {
+                    run.model_outstanding = false;
+                    run.usage.add(usage);
+                    if let Some(cost) = cost_usd {
+                        run.cost_usd += cost;
+                        run.cost_known = true;
+                    }
+                    run.pending = message
+                        .tool_calls()
+                        .map(|call| PendingCall {
+                            call: call.clone(),
+                            requires_approval: false,
+                            approval: None,
+                            denial_reason: None,
+                            started: false,
+                            finished: false,
+                        })
+                        .collect();
+                    let text = message.text();
+                    if !text.is_empty() {
+                        run.final_text = Some(text);
+                    }
+                }
+            }
+            EventKind::ModelFailed { error, .. } => {
+                if let Some(run) = &mut self.run {
+                    run.model_outstanding = false;
+                    run.model_failed = Some(error.clone());
+                }
+            }
+            EventKind::ToolCallRequested { call, requires_approval, .. } => {
+                if let Some(pending) = self.pending_mut(&call.id) {
+                    pending.requires_approval = *requires_approval;
+                }
+            }
+            EventKind::ToolCallStarted { call_id, .. } => {
+                if let Some(pending) = self.pending_mut(call_id) {
+                    pending.started = true;
+                }
+            }
+            EventKind::ApprovalGranted { call_id, .. } => {
+                if let Some(pending) = self.pending_mut(call_id) {
+                    pending.approval = Some(true);
+                }
+            }
+            EventKind::ApprovalDenied { call_id, reason } => {
+                if let Some(pending) = self.pending_mut(call_id) {
+                    pending.approval = Some(false);
+                    pending.denial_reason.clone_from(reason);
+                }
+            }
+            EventKind::ToolCallFinished { result } => self.record_result(result),
+            EventKind::UserAsked { question, missing_fields } => {
+                if let Some(run) = &mut self.run {
+                    run.awaiting_user = Some((question.clone(), missing_fields.clone()));
+                }
+            }
+            EventKind::UserAnswered { answer } => {
+                if let Some(run) = &mut self.run {
+                    run.awaiting_user = None;
+                }
+                self.open_results_message = None;
+                self.messages.push(Message::user(answer.clone()));
+            }
+            EventKind::Replanned { subgoals } => {
+                if let Some(run) = &mut self.run {
+                    run.subgoals.clone_from(subgoals);
+                }
+            }
+            EventKind::Compacted { messages, .. } => {
+                self.messages.clone_from(messages);
+                self.open_results_message = match self.messages.last() {
+                    Some(last) if last.role == Role::Tool => self.messages.len().checked_sub(1),
+                    _ => None,
+                };
+            }
+            EventKind::RunEnded { end_state, final_text, .. } => {
+                if let Some(run) = &mut self.run {
+                    run.ended = Some(*end_state);
+                    if final_text.is_some() {
+                        run.final_text.clone_from(final_text);
+                    }
+                }
+            }
+            EventKind::ApprovalRequested { .. }
+            | EventKind::Critique { .. }
+            | EventKind::Retry { .. }
+            | EventKind::Notice { .. } => {}
+        }
+    }
+
+    fn pending_mut(&mut self, call_id: &str) -> Option<&mut PendingCall> {
+        self.run.as_mut()?.pending.iter_mut().find(|p| p.call.id == call_id)
+    }
+
+    fn record_result(&mut self, result: &ToolResult) {
+        let Some(pending) = self.pending_mut(&result.call_id) else { return };
+        if pending.finished {
+            return;
+        }
+        pending.finished = true;
+        let part = Part::ToolResult(result.clone());
+        match self.open_results_message.and_then(|index| self.messages.get_mut(index)) {
+            Some(message) => message.parts.push(part),
+            None => {
+                self.messages.push(Message { role: Role::Tool, parts: vec![part] });
+                self.open_results_message = self.messages.len().checked_sub(1);
+            }
+        }
+        if let Some(run) = &mut self.run
+            && run.pending.iter().all(|p| p.finished)
+        {
+            run.pending.clear();
+        }
+    }
+}

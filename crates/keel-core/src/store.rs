@@ -1,0 +1,260 @@
+//! The event-log store contract and an in-memory implementation.
+//!
+//! A store keeps each thread's events in sequence order. Appends carry the sequence number
+//! the caller expects to write next (optimistic concurrency): a conflicting append fails
+//! with [`StoreError::Conflict`] and never interleaves. Durable implementations (SQLite,
+//! Postgres) live in `keel-store` and pass the same conformance suite.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::decide::EndState;
+use crate::event::{Event, EventKind};
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else appended first.
+    #[error("append conflict on thread {thread_id}: expected next seq {expected}, log is at {actual}")]
+    Conflict {
+        /// Thread.
+        thread_id: String,
+        /// What the caller expected.
+        expected: u64,
+        /// Where the log really is.
+        actual: u64,
+    },
+    /// Events in a batch do not carry consecutive sequence numbers or the right thread.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// No such thread.
+    #[error("thread {0} not found")]
+    NotFound(String),
+    /// The backend failed.
+    #[error("store backend error: {0}")]
+    Backend(String),
+}
+
+/// Where a thread stands, derived from its last events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status", content = "end_state")]
+pub enum ThreadStatus {
+    /// A run is in progress (or was interrupted).
+    Running,
+    /// Waiting for an approval decision.
+    AwaitingApproval,
+    /// Waiting for the user's answer.
+    AwaitingUser,
+    /// The last run ended.
+    Ended(EndState),
+}
+
+impl ThreadStatus {
+    /// The status implied by the latest event, given the previous status.
+    pub fn after(previous: ThreadStatus, event: &EventKind) -> ThreadStatus {
+        match event {
+            EventKind::RunEnded { end_state, .. } => ThreadStatus::Ended(*end_state),
+            EventKind::ApprovalRequested { .. } => ThreadStatus::AwaitingApproval,
+            EventKind::UserAsked { .. } => ThreadStatus::AwaitingUser,
+            EventKind::RunStarted { .. }
+            | EventKind::ApprovalGranted { .. }
+            | EventKind::ApprovalDenied { .. }
+            | EventKind::UserAnswered { .. }
+            | EventKind::ModelRequested { .. }
+            | EventKind::ToolCallStarted { .. } => ThreadStatus::Running,
+            _ => previous,
+        }
+    }
+}
+
+/// A line in a thread listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadSummary {
+    /// Thread id.
+    pub thread_id: String,
+    /// Agent of the latest run.
+    pub agent: Option<String>,
+    /// Number of events.
+    pub event_count: u64,
+    /// Status.
+    pub status: ThreadStatus,
+    /// First event time.
+    pub created_at: DateTime<Utc>,
+    /// Last event time.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ThreadSummary {
+    /// Builds a summary by scanning a log (for stores that do not index it).
+    pub fn from_events(thread_id: &str, events: &[Event]) -> Option<Self> {
+        let first = events.first()?;
+        let last = events.last()?;
+        let mut status = ThreadStatus::Running;
+        let mut agent = None;
+        for event in events {
+            status = ThreadStatus::after(status, &event.kind);
+            if let EventKind::RunStarted { agent: name, .. } = &event.kind {
+                agent = Some(name.clone());
+            }
+        }
+        Some(Self {
+            thread_id: thread_id.to_string(),
+            agent,
+            event_count: events.len() as u64,
+            status,
+            created_at: first.ts,
+            updated_at: last.ts,
+        })
+    }
+}
+
+/// Filters for [`EventStore::list_threads`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadFilter {
+    /// Only threads whose latest run used this agent.
+    pub agent: Option<String>,
+    /// Only threads updated at or after this time.
+    pub updated_since: Option<DateTime<Utc>>,
+    /// At most this many (most recently updated first).
+    pub limit: Option<usize>,
+}
+
+impl ThreadFilter {
+    /// Whether a summary passes the filter.
+    pub fn matches(&self, summary: &ThreadSummary) -> bool {
+        self.agent.as_ref().is_none_or(|agent| summary.agent.as_ref() == Some(agent))
+            && self.updated_since.is_none_or(|since| summary.updated_at >= since)
+    }
+}
+
+/// Checks that a batch is consecutive from `expected_next_seq` and all on `thread_id`.
+pub fn check_batch(thread_id: &str, expected_next_seq: u64, events: &[Event]) -> Result<(), StoreError> {
+    for (offset, event) in events.iter().enumerate() {
+        let want = expected_next_seq.saturating_add(offset as u64);
+        if event.seq != want {
+            return Err(StoreError::InvalidBatch(format!(
+                "event {offset} has seq {} but {want} was expected",
+                event.seq
+            )));
+        }
+        if event.thread_id != thread_id {
+            return Err(StoreError::InvalidBatch(format!(
+                "event {offset} belongs to thread {} not {thread_id}",
+                event.thread_id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// An append-only, per-thread event log.
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Appends a batch atomically. `expected_next_seq` is the seq of the first event and
+    /// must equal the log's current length; otherwise nothing is written and the call
+    /// returns [`StoreError::Conflict`].
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError>;
+
+    /// All events of a thread in order (empty when the thread does not exist).
+    async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError>;
+
+    /// Threads matching a filter, most recently updated first.
+    async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError>;
+
+    /// Deletes a thread; returns whether it existed.
+    async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError>;
+
+    /// Copies events `0..=at_seq` of `source` into a new thread `target`, rewriting their
+    /// thread id. Fails with a conflict if `target` already has events.
+    async fn fork_thread(&self, source: &str, at_seq: u64, target: &str) -> Result<u64, StoreError> {
+        let events = self.load(source).await?;
+        if events.is_empty() {
+            return Err(StoreError::NotFound(source.to_string()));
+        }
+        let copied: Vec<Event> = events
+            .into_iter()
+            .take_while(|event| event.seq <= at_seq)
+            .map(|mut event| {
+                event.thread_id = target.to_string();
+                event
+            })
+            .collect();
+        self.append(target, 0, &copied).await?;
+        Ok(copied.len() as u64)
+    }
+}
+
+/// Keeps logs in memory. For tests and ephemeral runs.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    threads: Mutex<HashMap<String, Vec<Event>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Event>>> {
+        match self.threads.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        check_batch(thread_id, expected_next_seq, events)?;
+        let mut threads = self.lock();
+        let log = threads.entry(thread_id.to_string()).or_default();
+        let actual = log.len() as u64;
+        if actual != expected_next_seq {
+            return Err(StoreError::Conflict {
+                thread_id: thread_id.to_string(),
+                expected: expected_next_seq,
+                actual,
+            });
+        }
+        log.extend_from_slice(events);
+        Ok(())
+    }
+
+    async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
+        Ok(self.lock().get(thread_id).cloned().unwrap_or_default())
+    }
+
+    async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
+        let threads = self.lock();
+        let mut out: Vec<ThreadSummary> = threads
+            .iter()
+            .filter_map(|(id, events)| ThreadSummary::from_events(id, events))
+            .filter(|summary| filter.matches(summary))
+            .collect();
+        out.sort_by_key(|summary| std::cmp::Reverse(summary.updated_at));
+        if let Some(limit) = filter.limit {
+            out.truncate(limit);
+        }
+        Ok(out)
+    }
+
+    async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
+        Ok(self.lock().remove(thread_id).is_some())
+    }
+}

@@ -1,0 +1,492 @@
+//! The tool contract: specs, the typed [`Tool`] trait, its erased form [`DynTool`], and the
+//! per-call [`ToolContext`].
+//!
+//! A typed tool declares Rust argument and output types deriving `JsonSchema` and serde;
+//! [`TypedTool`] generates the input and output JSON Schemas from those types, so the
+//! schema the model sees cannot drift from the code. Tools defined at run time (MCP
+//! servers, HTTP tools from configuration) implement [`DynTool`] directly.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cancel::CancellationToken;
+use crate::outcome::{ToolError, ToolErrorCode};
+
+/// What a tool does to the world; decides parallelism, re-execution on resume and approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// Only reads; safe to run concurrently and to repeat.
+    #[default]
+    ReadOnly,
+    /// Changes state, but repeating the same call has the same effect.
+    Idempotent,
+    /// Changes state; never repeated without the policy's consent.
+    Mutating,
+}
+
+/// Whether a human must approve a call before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// Runs without asking (unless the run's approval default says otherwise).
+    #[default]
+    Never,
+    /// Always asks.
+    Always,
+}
+
+/// How the executor retries a failing tool call (retryable codes only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Total attempts including the first (1 = no retry).
+    pub max_attempts: u32,
+    /// Base delay of the decorrelated-jitter backoff, in milliseconds.
+    pub base_delay_ms: u64,
+    /// Upper bound of one wait, in milliseconds.
+    pub max_delay_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max_attempts: 3, base_delay_ms: 200, max_delay_ms: 5_000 }
+    }
+}
+
+impl RetryPolicy {
+    /// No retries.
+    pub fn none() -> Self {
+        Self { max_attempts: 1, ..Self::default() }
+    }
+}
+
+/// The full, declared contract of a tool (seed 000 §2.1, seed 002 §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Unique `lowercase_snake_case` name, at most 64 characters.
+    pub name: String,
+    /// Contract version, bumped on incompatible change.
+    pub version: String,
+    /// One or two sentences telling the model when to call the tool.
+    pub description: String,
+    /// LLM-facing usage guidance rendered into the system prompt (required, non-empty).
+    pub usage: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub input_schema: Value,
+    /// JSON Schema of the output, when declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Per-attempt timeout in milliseconds.
+    pub timeout_ms: u64,
+    /// Retry policy for retryable failures.
+    pub retry: RetryPolicy,
+    /// Maximum items per page for paginated tools.
+    pub page_limit: u32,
+    /// Output larger than this (serialized JSON bytes) is truncated with a notice.
+    pub max_payload_bytes: usize,
+    /// What the tool does to the world.
+    pub effect: Effect,
+    /// Whether calls need human approval.
+    pub approval: ApprovalMode,
+}
+
+impl ToolSpec {
+    /// A spec with the seed's defaults: version 1.0.0, 30 s timeout, 3 attempts, page limit
+    /// 100, 512,000-byte payload cap, read-only, no approval, and an empty object schema.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        usage: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            version: "1.0.0".into(),
+            description: description.into(),
+            usage: usage.into(),
+            input_schema: serde_json::json!({"type": "object", "properties": {}}),
+            output_schema: None,
+            timeout_ms: 30_000,
+            retry: RetryPolicy::default(),
+            page_limit: 100,
+            max_payload_bytes: 512_000,
+            effect: Effect::ReadOnly,
+            approval: ApprovalMode::Never,
+        }
+    }
+
+    /// Sets the effect.
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+
+    /// Sets the approval mode.
+    pub fn with_approval(mut self, approval: ApprovalMode) -> Self {
+        self.approval = approval;
+        self
+    }
+
+    /// Sets the per-attempt timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the version.
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// Sets the input schema.
+    pub fn with_input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = schema;
+        self
+    }
+
+    /// Sets the output schema.
+    pub fn with_output_schema(mut self, schema: Option<Value>) -> Self {
+        self.output_schema = schema;
+        self
+    }
+
+    /// Sets the payload cap.
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// The per-attempt timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// What a provider sends to the model for this tool.
+    pub fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            input_schema: self.input_schema.clone(),
+        }
+    }
+
+    /// Every way this spec breaks the tool contract, each naming the tool and the rule.
+    /// Empty when the spec is compliant.
+    pub fn contract_violations(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let name = &self.name;
+        if !is_snake_case_name(name) {
+            problems.push(format!(
+                "tool `{name}`: name must be lowercase_snake_case (a-z, 0-9 and single \
+                 underscores, starting with a letter), e.g. `{}`",
+                suggest_snake_case(name)
+            ));
+        }
+        if name.len() > 64 {
+            problems.push(format!(
+                "tool `{name}`: name is {} characters; the limit is 64",
+                name.len()
+            ));
+        }
+        if self.description.trim().is_empty() {
+            problems.push(format!("tool `{name}`: description must not be empty"));
+        }
+        if self.usage.trim().is_empty() {
+            problems.push(format!(
+                "tool `{name}`: usage guidance must not be empty (it is rendered into the \
+                 system prompt; see the `<tool> — Usage Guide` format)"
+            ));
+        }
+        if self.version.trim().is_empty() {
+            problems.push(format!("tool `{name}`: version must not be empty"));
+        }
+        if self.timeout_ms == 0 {
+            problems.push(format!("tool `{name}`: timeout_ms must be greater than 0"));
+        }
+        if self.retry.max_attempts == 0 {
+            problems.push(format!("tool `{name}`: retry.max_attempts must be at least 1"));
+        }
+        if self.max_payload_bytes == 0 {
+            problems.push(format!("tool `{name}`: max_payload_bytes must be greater than 0"));
+        }
+        match self.input_schema.get("type").and_then(Value::as_str) {
+            Some("object") => {}
+            _ => problems.push(format!(
+                "tool `{name}`: input schema must be a JSON Schema with \"type\": \"object\""
+            )),
+        }
+        if let Err(error) = jsonschema::meta::validate(&self.input_schema) {
+            problems.push(format!("tool `{name}`: input schema is not a valid JSON Schema: {error}"));
+        }
+        if let Some(output) = &self.output_schema
+            && let Err(error) = jsonschema::meta::validate(output)
+        {
+            problems.push(format!("tool `{name}`: output schema is not a valid JSON Schema: {error}"));
+        }
+        problems
+    }
+}
+
+/// True for `lowercase_snake_case`: starts with a letter, then letters, digits and single
+/// underscores, not ending in an underscore.
+pub fn is_snake_case_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else { return false };
+    if !first.is_ascii_lowercase() || name.ends_with('_') || name.contains("__") {
+        return false;
+    }
+    chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Turns any string into a valid tool name (`BadName` → `bad_name`, `a-b.c` → `a_b_c`).
+pub fn suggest_snake_case(name: &str) -> String {
+    let mut out = String::new();
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            if previous_lower && !out.ends_with('_') {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+            previous_lower = false;
+        } else if c.is_ascii_alphanumeric() {
+            out.push(c);
+            previous_lower = c.is_ascii_lowercase() || c.is_ascii_digit();
+        } else {
+            if !out.is_empty() && !out.ends_with('_') {
+                out.push('_');
+            }
+            previous_lower = false;
+        }
+    }
+    let trimmed = out.trim_matches('_');
+    let mut result = String::new();
+    for c in trimmed.chars() {
+        if !(c == '_' && result.ends_with('_')) {
+            result.push(c);
+        }
+    }
+    if !result.starts_with(|c: char| c.is_ascii_lowercase()) {
+        result.insert_str(0, "tool_");
+    }
+    result.chars().take(64).collect::<String>().trim_end_matches('_').to_string()
+}
+
+/// The part of a tool a provider sends to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// Tool name.
+    pub name: String,
+    /// When to use it.
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub input_schema: Value,
+}
+
+/// Looks up per-tool credentials (API keys, tokens) without putting them in prompts or logs.
+pub trait CredentialSource: Send + Sync {
+    /// The credential `key` for `tool`, if configured.
+    fn credential(&self, tool: &str, key: &str) -> Option<String>;
+}
+
+/// A credential source with nothing in it.
+#[derive(Debug, Default, Clone)]
+pub struct NoCredentials;
+
+impl CredentialSource for NoCredentials {
+    fn credential(&self, _tool: &str, _key: &str) -> Option<String> {
+        None
+    }
+}
+
+/// Credentials held in memory, keyed by `(tool, key)`.
+#[derive(Debug, Default, Clone)]
+pub struct StaticCredentials(pub BTreeMap<(String, String), String>);
+
+impl CredentialSource for StaticCredentials {
+    fn credential(&self, tool: &str, key: &str) -> Option<String> {
+        self.0.get(&(tool.to_string(), key.to_string())).cloned()
+    }
+}
+
+/// Everything a tool call knows about where it runs.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// The thread (conversation) id.
+    pub thread_id: String,
+    /// The run id.
+    pub run_id: String,
+    /// The tool call id.
+    pub call_id: String,
+    /// Stable across retries and resumes of the same call: a mutating tool can use it to
+    /// deduplicate (`thread_id:call_id`).
+    pub idempotency_key: String,
+    /// Cancelled when the run is cancelled or the call times out.
+    pub cancel: CancellationToken,
+    /// Per-tool credential lookup.
+    pub credentials: Arc<dyn CredentialSource>,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("thread_id", &self.thread_id)
+            .field("run_id", &self.run_id)
+            .field("call_id", &self.call_id)
+            .field("idempotency_key", &self.idempotency_key)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToolContext {
+    /// A context for a call, with no credentials.
+    pub fn new(
+        thread_id: impl Into<String>,
+        run_id: impl Into<String>,
+        call_id: impl Into<String>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let thread_id = thread_id.into();
+        let call_id = call_id.into();
+        Self {
+            idempotency_key: format!("{thread_id}:{call_id}"),
+            thread_id,
+            run_id: run_id.into(),
+            call_id,
+            cancel,
+            credentials: Arc::new(NoCredentials),
+        }
+    }
+
+    /// A credential for `tool`.
+    pub fn credential(&self, tool: &str, key: &str) -> Option<String> {
+        self.credentials.credential(tool, key)
+    }
+}
+
+/// A tool with typed arguments and output. Wrap it in [`TypedTool`] to register it.
+pub trait Tool: Send + Sync + 'static {
+    /// The arguments; their JSON Schema becomes the tool's input schema.
+    type Args: DeserializeOwned + JsonSchema + Send + 'static;
+    /// The output; its JSON Schema becomes the tool's output schema.
+    type Output: Serialize + JsonSchema + Send + 'static;
+
+    /// The tool's contract. `input_schema` and `output_schema` are ignored: [`TypedTool`]
+    /// generates them from `Args` and `Output`.
+    fn spec(&self) -> ToolSpec;
+
+    /// Runs the tool. Must not panic for bad input (the executor contains panics anyway,
+    /// reporting them as `tool_bug`).
+    fn call(
+        &self,
+        args: Self::Args,
+        ctx: &ToolContext,
+    ) -> impl Future<Output = Result<Self::Output, ToolError>> + Send;
+}
+
+/// A tool whose schemas are plain JSON, called with JSON. Every tool in a registry is one.
+pub trait DynTool: Send + Sync {
+    /// The tool's contract.
+    fn spec(&self) -> &ToolSpec;
+
+    /// Runs the tool with already-parsed JSON arguments.
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>>;
+}
+
+/// Generates the JSON Schema for `T` in the form providers accept (no `$schema`, no title).
+pub fn schema_for<T: JsonSchema>() -> Value {
+    let schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>();
+    let mut value = serde_json::to_value(schema).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        map.remove("$schema");
+        map.remove("title");
+    }
+    value
+}
+
+/// Adapts a typed [`Tool`] to [`DynTool`], generating its schemas from the Rust types.
+pub struct TypedTool<T: Tool> {
+    tool: T,
+    spec: ToolSpec,
+}
+
+impl<T: Tool> TypedTool<T> {
+    /// Wraps a typed tool.
+    pub fn new(tool: T) -> Self {
+        let spec = tool
+            .spec()
+            .with_input_schema(schema_for::<T::Args>())
+            .with_output_schema(Some(schema_for::<T::Output>()));
+        Self { tool, spec }
+    }
+
+    /// The wrapped tool.
+    pub fn inner(&self) -> &T {
+        &self.tool
+    }
+}
+
+impl<T: Tool> DynTool for TypedTool<T> {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(async move {
+            let args: T::Args = serde_json::from_value(args).map_err(|error| {
+                ToolError::invalid_input(format!(
+                    "arguments for `{}` do not match its schema: {error}",
+                    self.spec.name
+                ))
+            })?;
+            let output = self.tool.call(args, ctx).await?;
+            serde_json::to_value(output).map_err(|error| {
+                ToolError::new(
+                    ToolErrorCode::ToolBug,
+                    format!("`{}` produced output that is not JSON: {error}", self.spec.name),
+                )
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snake_case_rule() {
+        for ok in ["calculator", "ping_pong", "a1", "get_release_summary"] {
+            assert!(is_snake_case_name(ok), "{ok}");
+        }
+        for bad in ["BadName", "", "_x", "x_", "a__b", "1abc", "a-b", "a b"] {
+            assert!(!is_snake_case_name(bad), "{bad}");
+        }
+        assert_eq!(suggest_snake_case("BadName"), "bad_name");
+        assert_eq!(suggest_snake_case("a-b.c"), "a_b_c");
+        assert!(is_snake_case_name(&suggest_snake_case("__9Weird--Name__")));
+    }
+}

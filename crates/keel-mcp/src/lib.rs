@@ -1,0 +1,1 @@
+//! Model Context Protocol for Keel: tools from MCP servers (stdio, Streamable HTTP) and Keel's tools served over MCP.
