@@ -1,2 +1,88 @@
-//! The `keel` command-line tool.
-fn main() {}
+//! The `keel` command-line tool: run agents, inspect tools and threads.
+//!
+//! Exit codes are part of the interface (see `docs/cli.md`): 0 done, 1 failed, 2 usage
+//! error, 3 clarify_needed, 4 budget_exceeded, 5 unrecoverable_tool_contract,
+//! 10 awaiting approval, 11 awaiting user input, 130 cancelled.
+
+mod cmd_run;
+mod cmd_tools;
+mod models;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for usage errors (bad flags, unknown tools, unreadable files).
+pub const EXIT_USAGE: u8 = 2;
+
+/// Keel: durable, observable LLM agents.
+#[derive(Debug, Parser)]
+#[command(name = "keel", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run an agent on a message and print what happens.
+    Run(cmd_run::RunArgs),
+    /// Inspect the tool catalog.
+    Tools {
+        #[command(subcommand)]
+        command: cmd_tools::ToolsCommand,
+    },
+}
+
+/// A failure that maps to an exit code.
+#[derive(Debug)]
+pub struct CliError {
+    /// Exit code.
+    pub code: u8,
+    /// Message for stderr.
+    pub message: String,
+}
+
+impl CliError {
+    /// A usage error (exit 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self { code: EXIT_USAGE, message: message.into() }
+    }
+
+    /// A runtime failure (exit 1).
+    pub fn failure(message: impl Into<String>) -> Self {
+        Self { code: 1, message: message.into() }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("keel: cannot start the async runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => cmd_run::run(args).await,
+            Command::Tools { command } => cmd_tools::run(command),
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            eprintln!("keel: {}", error.message);
+            ExitCode::from(error.code)
+        }
+    }
+}

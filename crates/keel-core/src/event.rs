@@ -97,6 +97,18 @@ pub enum EventKind {
         tool_count: u32,
         /// Estimated input tokens.
         estimated_input_tokens: u64,
+        /// Provider name (e.g. `anthropic`), when the runner knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        provider: Option<String>,
+        /// Sampling temperature requested, when set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        temperature: Option<f32>,
+        /// Output token limit requested, when set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_tokens: Option<u32>,
+        /// The model's context window in tokens, when known (for utilization metrics).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context_window: Option<u64>,
     },
     /// The model answered.
     ModelResponded {

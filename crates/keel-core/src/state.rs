@@ -20,6 +20,8 @@ pub struct PendingCall {
     pub approval: Option<bool>,
     /// Denial reason.
     pub denial_reason: Option<String>,
+    /// Whether an approval request was recorded.
+    pub approval_requested: bool,
     /// Whether execution started (a start without a finish means it was interrupted).
     pub started: bool,
     /// Whether its result is in the conversation.
@@ -197,6 +199,7 @@ impl RunState {
                             requires_approval: false,
                             approval: None,
                             denial_reason: None,
+                            approval_requested: false,
                             started: false,
                             finished: false,
                         })
@@ -267,8 +270,12 @@ impl RunState {
                     }
                 }
             }
-            EventKind::ApprovalRequested { .. }
-            | EventKind::Critique { .. }
+            EventKind::ApprovalRequested { call_id, .. } => {
+                if let Some(pending) = self.pending_mut(call_id) {
+                    pending.approval_requested = true;
+                }
+            }
+            EventKind::Critique { .. }
             | EventKind::Retry { .. }
             | EventKind::Notice { .. } => {}
         }

@@ -119,6 +119,8 @@ pub struct ThreadFilter {
     pub agent: Option<String>,
     /// Only threads updated at or after this time.
     pub updated_since: Option<DateTime<Utc>>,
+    /// Only threads in exactly this status.
+    pub status: Option<ThreadStatus>,
     /// At most this many (most recently updated first).
     pub limit: Option<usize>,
 }
@@ -128,6 +130,7 @@ impl ThreadFilter {
     pub fn matches(&self, summary: &ThreadSummary) -> bool {
         self.agent.as_ref().is_none_or(|agent| summary.agent.as_ref() == Some(agent))
             && self.updated_since.is_none_or(|since| summary.updated_at >= since)
+            && self.status.is_none_or(|status| summary.status == status)
     }
 }
 
@@ -190,6 +193,23 @@ pub trait EventStore: Send + Sync {
             .collect();
         self.append(target, 0, &copied).await?;
         Ok(copied.len() as u64)
+    }
+
+    /// Retention: deletes every thread whose last run ended before `cutoff` (by its last
+    /// event time) and returns how many were deleted. Threads still running or waiting for
+    /// a human are never purged.
+    async fn purge_ended_before(&self, cutoff: DateTime<Utc>) -> Result<u64, StoreError> {
+        let threads = self.list_threads(&ThreadFilter::default()).await?;
+        let mut deleted = 0u64;
+        for summary in threads {
+            if matches!(summary.status, ThreadStatus::Ended(_))
+                && summary.updated_at < cutoff
+                && self.delete_thread(&summary.thread_id).await?
+            {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 }
 

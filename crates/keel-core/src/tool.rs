@@ -46,6 +46,7 @@ pub enum ApprovalMode {
 
 /// How the executor retries a failing tool call (retryable codes only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Total attempts including the first (1 = no retry).
     pub max_attempts: u32,
@@ -68,10 +69,13 @@ impl RetryPolicy {
     }
 }
 
-/// The full, declared contract of a tool (seed 000 §2.1, seed 002 §7).
+/// The full, declared contract of a tool (seed 000 §2.1, seed 002 §7). When deserialized
+/// (tool catalogs, configuration), missing fields take the defaults of [`ToolSpec::new`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ToolSpec {
-    /// Unique `lowercase_snake_case` name, at most 64 characters.
+    /// Unique `lowercase_snake_case` name (optionally namespaced `prefix__name`, see
+    /// [`is_tool_name`]), at most 64 characters.
     pub name: String,
     /// Contract version, bumped on incompatible change.
     pub version: String,
@@ -96,6 +100,14 @@ pub struct ToolSpec {
     pub effect: Effect,
     /// Whether calls need human approval.
     pub approval: ApprovalMode,
+}
+
+impl Default for ToolSpec {
+    /// The defaults of [`ToolSpec::new`] with an empty name, description and usage (which
+    /// [`ToolSpec::contract_violations`] reports).
+    fn default() -> Self {
+        Self::new("", "", "")
+    }
 }
 
 impl ToolSpec {
@@ -189,10 +201,11 @@ impl ToolSpec {
     pub fn contract_violations(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let name = &self.name;
-        if !is_snake_case_name(name) {
+        if !is_tool_name(name) {
             problems.push(format!(
                 "tool `{name}`: name must be lowercase_snake_case (a-z, 0-9 and single \
-                 underscores, starting with a letter), e.g. `{}`",
+                 underscores, starting with a letter), optionally namespaced as \
+                 `prefix__name` with exactly one double underscore, e.g. `{}`",
                 suggest_snake_case(name)
             ));
         }
@@ -250,6 +263,16 @@ pub fn is_snake_case_name(name: &str) -> bool {
         return false;
     }
     chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// True for a valid tool name: `lowercase_snake_case`, optionally namespaced with exactly
+/// one double-underscore separator as `prefix__name` where both halves are
+/// `lowercase_snake_case` (tools proxied from MCP servers are named `<server>__<tool>`).
+pub fn is_tool_name(name: &str) -> bool {
+    match name.split_once("__") {
+        None => is_snake_case_name(name),
+        Some((prefix, rest)) => is_snake_case_name(prefix) && is_snake_case_name(rest),
+    }
 }
 
 /// Turns any string into a valid tool name (`BadName` → `bad_name`, `a-b.c` → `a_b_c`).
@@ -488,5 +511,11 @@ mod tests {
         assert_eq!(suggest_snake_case("BadName"), "bad_name");
         assert_eq!(suggest_snake_case("a-b.c"), "a_b_c");
         assert!(is_snake_case_name(&suggest_snake_case("__9Weird--Name__")));
+        for ok in ["calculator", "everything__echo", "time__get_current_time", "a1__b2"] {
+            assert!(is_tool_name(ok), "{ok}");
+        }
+        for bad in ["a__b__c", "__b", "a__", "a___b", "A__b", "a__B", "a__1b", ""] {
+            assert!(!is_tool_name(bad), "{bad}");
+        }
     }
 }

@@ -1,1 +1,202 @@
-//! The embedded local model: llama.cpp through llama-cpp-2 with grammar-constrained tool calls.
+//! `keel-local` is Keel's embedded local model: any GGUF file run in-process by llama.cpp
+//! (through the `llama-cpp-2` crate, CPU only), with tool calls and structured answers
+//! constrained by an llguidance grammar so that every tool call the model makes parses
+//! and validates against its tool's input schema. It is the offline default: a user with
+//! no API key runs agents on SmolLM2-135M-Instruct, fetched from PyPI by [`models::pull`].
+//!
+//! [`LocalModel`] implements [`keel_core::Model`]. Generation runs on a dedicated thread,
+//! never on the async runtime; dropping the stream stops it between two tokens.
+//!
+//! This crate must not reach the network except in [`models::pull`] (which shells out to
+//! `pip`), must not block the async runtime, and must not panic on any model output.
+//! `unsafe` stays forbidden here: the FFI is entirely inside `llama-cpp-2`.
+
+#![forbid(unsafe_code)]
+
+mod engine;
+pub mod grammar;
+pub mod models;
+mod options;
+pub mod prompt;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use keel_core::{
+    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, StreamEvent,
+};
+
+pub use models::{
+    InstalledModel, KnownModel, ModelsError, default_model_path, list, pull, resolve_model,
+};
+pub use options::LocalModelOptions;
+
+use engine::{Engine, Job, Sampling};
+use grammar::build_constraint;
+
+/// Largest context window used when the options do not set one.
+const DEFAULT_MAX_CONTEXT: u32 = 8192;
+
+/// A GGUF model run in-process. Cheap to clone; clones share the loaded weights (and so
+/// do separate [`LocalModel::load`]s of the same file).
+#[derive(Clone)]
+pub struct LocalModel {
+    engine: Arc<Engine>,
+    options: LocalModelOptions,
+    name: String,
+    n_ctx: u32,
+}
+
+impl std::fmt::Debug for LocalModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalModel")
+            .field("name", &self.name)
+            .field("path", &self.engine.path)
+            .field("context_window", &self.n_ctx)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl LocalModel {
+    /// Loads a GGUF file (blocking: call it from `spawn_blocking` in async code, or use
+    /// [`LocalModel::load_async`]). Errors name the path and the fix.
+    pub fn load(path: impl AsRef<Path>, options: LocalModelOptions) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        let engine = engine::load(path)?;
+        let name = model_name(path);
+        let cap = options.context_size.unwrap_or(DEFAULT_MAX_CONTEXT.min(engine.n_ctx_train));
+        let n_ctx = cap.clamp(256, engine.n_ctx_train.max(256));
+        Ok(Self { engine, options, name, n_ctx })
+    }
+
+    /// [`LocalModel::load`] on the blocking thread pool.
+    pub async fn load_async(path: PathBuf, options: LocalModelOptions) -> Result<Self, ModelError> {
+        tokio::task::spawn_blocking(move || Self::load(path, options)).await.map_err(|e| {
+            ModelError::new(ModelErrorKind::Other, format!("model loading task failed: {e}"))
+        })?
+    }
+
+    /// Resolves a spec (`smollm2`, `local:smollm2`, or a path) and loads it.
+    pub fn load_spec(spec: &str, options: LocalModelOptions) -> Result<Self, ModelError> {
+        let path = resolve_model(spec)?;
+        Self::load(path, options)
+    }
+
+    /// The model file.
+    pub fn path(&self) -> &Path {
+        &self.engine.path
+    }
+
+    /// The short name used in [`Model::id`] (`local:<name>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &LocalModelOptions {
+        &self.options
+    }
+
+    /// Whether the chat template came from the GGUF metadata (else ChatML is used).
+    pub fn has_own_chat_template(&self) -> bool {
+        self.engine.template_from_file
+    }
+
+    /// The exact prompt text the model sees for a request (chat template applied).
+    pub fn render_prompt(&self, request: &ModelRequest<'_>) -> Result<String, ModelError> {
+        self.engine.apply_template(&prompt::render(request))
+    }
+
+    fn prepare(&self, request: &ModelRequest<'_>) -> Result<Job, ModelError> {
+        let prompt = self.render_prompt(request)?;
+        let constraint = build_constraint(
+            request.tools,
+            request.tool_choice,
+            request.response_schema,
+            &self.options,
+        )
+        .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
+        let max_tokens = request.max_output_tokens.unwrap_or(self.options.max_tokens).max(1);
+        Ok(Job {
+            engine: Arc::clone(&self.engine),
+            prompt,
+            constraint,
+            max_tokens,
+            n_ctx: self.n_ctx,
+            threads: self.options.effective_threads(),
+            batch_threads: self.options.effective_batch_threads(),
+            batch_size: self.options.batch_size,
+            sampling: Sampling {
+                temperature: request.temperature.unwrap_or(self.options.temperature),
+                top_p: request.top_p.unwrap_or(self.options.top_p),
+                top_k: self.options.top_k,
+                seed: self.options.seed,
+            },
+            max_digits: self.options.max_number_digits.max(1),
+            ignore_eos: self.options.ignore_eos,
+        })
+    }
+}
+
+fn model_name(path: &Path) -> String {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    if let Some(known) = models::known_models().iter().find(|m| m.file_name == file) {
+        return known.name.to_string();
+    }
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+enum StreamState {
+    Pending(Box<Job>),
+    Running(tokio::sync::mpsc::Receiver<Result<StreamEvent, ModelError>>),
+}
+
+impl Model for LocalModel {
+    fn id(&self) -> String {
+        format!("local:{}", self.name)
+    }
+
+    fn capabilities(&self) -> ModelCapabilities {
+        ModelCapabilities {
+            tool_calling: true,
+            parallel_tool_calls: self.options.max_tool_calls > 1,
+            streaming: true,
+            structured_output: true,
+            grammar_constrained_tools: true,
+            context_window: self.n_ctx,
+            max_output_tokens: self.options.max_tokens.min(self.n_ctx),
+        }
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let job = match self.prepare(&request) {
+            Ok(job) => job,
+            Err(error) => return futures::stream::once(async move { Err(error) }).boxed(),
+        };
+        // The worker starts on the first poll; dropping the stream drops the receiver,
+        // which the worker notices before its next token.
+        futures::stream::unfold(Some(StreamState::Pending(Box::new(job))), |state| async move {
+            let mut rx = match state? {
+                StreamState::Pending(job) => engine::spawn(*job),
+                StreamState::Running(rx) => rx,
+            };
+            let item = rx.recv().await?;
+            Some((item, Some(StreamState::Running(rx))))
+        })
+        .boxed()
+    }
+
+    fn estimate_tokens(&self, request: &ModelRequest<'_>) -> u64 {
+        match self.render_prompt(request) {
+            Ok(prompt) => self.engine.tokenize(&prompt).len() as u64,
+            Err(_) => keel_core::model::estimate_request_tokens(request),
+        }
+    }
+}

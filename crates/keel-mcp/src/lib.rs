@@ -1,1 +1,28 @@
-//! Model Context Protocol for Keel: tools from MCP servers (stdio, Streamable HTTP) and Keel's tools served over MCP.
+//! `keel-mcp` connects Keel to the Model Context Protocol, on the official `rmcp` SDK.
+//!
+//! As a client it starts or reaches the MCP servers declared in `keel.toml`
+//! (`[[mcp.servers]]`, see [`McpServerConfig`]) in parallel, negotiates the protocol
+//! version each speaks (the discovery-based 2026-07-28 protocol, or the `initialize`
+//! handshake of 2025-11-25 and older), and wraps every server tool as an ordinary Keel
+//! [`DynTool`](keel_core::DynTool) named `<server>__<tool>` ([`McpManager`], [`McpTool`]).
+//! Calls have timeouts and cancellation (sending `notifications/cancelled`), results and
+//! errors become Keel outputs and typed `ToolError`s, a crashed stdio server is restarted
+//! with backoff, an expired HTTP session is re-initialized, and progress, list-changed and
+//! log notifications are published as [`McpNotice`]s. As a server it exposes a
+//! [`ToolRegistry`](keel_core::ToolRegistry) over MCP stdio ([`serve_stdio`]).
+//!
+//! It must not decide anything about runs: no retries beyond reconnecting, no approval
+//! prompts, no event log. Those belong to `keel-runtime`, which treats MCP tools exactly
+//! like built-in ones. It must not panic on anything a server sends.
+
+mod config;
+mod connection;
+pub mod convert;
+mod manager;
+mod notice;
+mod server;
+
+pub use config::{DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, McpServerConfig, McpTransport};
+pub use manager::{McpManager, McpTool};
+pub use notice::{McpNotice, McpServerState, McpServerStatus};
+pub use server::{KeelMcpServer, ServeError, mcp_tool_for_spec, serve, serve_stdio};

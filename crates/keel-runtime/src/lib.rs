@@ -1,1 +1,29 @@
-//! The async driver of Keel runs: `Agent`, `Runner`, the tool executor, approvals, user input and event fan-out.
+//! `keel-runtime` drives runs: it performs the actions that `keel_core::decide` chooses —
+//! calling the model, executing tools, waiting for approvals or user input — and appends
+//! what happened to the thread's event log before acting on it.
+//!
+//! Entry points: [`Agent`] (name, instructions, model, tools, budget) and
+//! [`Agent::run`], which takes the new messages, the [`Thread`] to continue and a
+//! [`RunContext`] (store, observers, approval handler, user-input source, cancellation).
+//! The [`ToolExecutor`] is the single place tool calls run: argument validation, timeouts,
+//! retries, panic containment, output checks and payload caps.
+//!
+//! This crate must not know any provider, store backend or surface: those plug in through
+//! the `Model` and `EventStore` traits of `keel-core` and the [`RunObserver`] trait here.
+
+pub mod agent;
+pub mod context;
+pub mod executor;
+pub mod journal;
+pub mod outcome;
+pub mod runner;
+pub mod thread;
+
+pub use agent::{Agent, AgentBuilder};
+pub use context::{
+    ApprovalDecision, ApprovalHandler, ApprovalMode as RunApprovalMode, ChannelObserver,
+    RunContext, RunObserver, UserInputSource,
+};
+pub use executor::ToolExecutor;
+pub use outcome::{RunError, RunOutcome, ToolCallSummary};
+pub use thread::Thread;

@@ -1,1 +1,45 @@
-//! Durable event-log stores for Keel threads: SQLite (default), Postgres (scale-out) and in-memory, with one conformance suite.
+//! Durable event-log stores for Keel threads: [`SqliteStore`] (the embedded default,
+//! `.keel/keel.db`), [`PostgresStore`] (several processes sharing one database) and
+//! keel-core's `MemoryStore`, all implementing [`keel_core::EventStore`] and all held to one
+//! [`conformance`] suite. The SQL stores are also [`RunQueue`]s: runs leased to scale-out
+//! workers with expiry, renewal and fencing tokens.
+//!
+//! This crate stores and loads events; it must not interpret them beyond the thread
+//! summary (agent, status, counts, times), drive runs, or know about models and tools.
+//!
+//! # Durability and cost
+//!
+//! - One append = one transaction, whatever the batch size: the runner appends the events
+//!   of one step together, so a step costs one commit. The optimistic-concurrency check
+//!   (`expected_next_seq` = the thread's event count) and a `UNIQUE (thread_id, seq)`
+//!   constraint are enforced by the database, so concurrent appenders — in one process or
+//!   many — never interleave: exactly one wins each seq, the others get
+//!   [`keel_core::StoreError::Conflict`] and nothing of their batch is written.
+//! - SQLite runs in WAL mode with `synchronous=NORMAL` by default ([`Durability::Normal`]):
+//!   a committed append survives the process being killed (SIGKILL included); only an OS
+//!   crash or power loss can lose the last commits. [`Durability::Full`]
+//!   (`sqlite://PATH?synchronous=full`) fsyncs every commit. Writers wait up to the busy
+//!   timeout (5 s by default) for the write lock.
+//! - `load` is one query ordered by the primary key; listing threads reads the `threads`
+//!   summary table (maintained in the append transaction), never the events.
+//! - Events are stored whole as JSON (Postgres: `json`, which keeps the exact text and,
+//!   unlike `jsonb`, accepts the NUL character), with `thread_id`, `seq`, `type`, `run_id`
+//!   and `ts` copied into indexed columns. Times are stored as integer nanoseconds so a
+//!   summary's times equal its events' times exactly.
+//! - Schemas are embedded migrations (`migrations/sqlite`, `migrations/postgres`) applied
+//!   on open.
+
+mod open;
+mod postgres;
+mod rows;
+mod sqlite;
+
+pub mod conformance;
+pub mod queue;
+
+pub use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary};
+pub use keel_core::MemoryStore;
+pub use open::{OpenedStore, open, open_run_queue, open_store};
+pub use postgres::{PostgresOptions, PostgresStore};
+pub use queue::{JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue};
+pub use sqlite::{DEFAULT_SQLITE_PATH, Durability, SqliteOptions, SqliteStore};

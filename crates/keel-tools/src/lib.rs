@@ -1,1 +1,35 @@
-//! Keel's built-in tools: the reference tools (ping_pong, calculator, delay, failure_injection) and declarative HTTP tools.
+//! Keel's built-in tools.
+//!
+//! The reference tools of seed 002 — [`PingPong`], [`Calculator`], [`Delay`] and
+//! [`FailureInjection`] — each with LLM-facing usage guidance in the seed's recommended
+//! format. They double as the executor's test fixtures: `failure_injection` fails on
+//! purpose (error, panic or hang) to prove failures are contained.
+//!
+//! Tools here must never panic on bad input (except `failure_injection` in `panic` mode,
+//! which exists to do exactly that) and must honour `ToolContext::cancel`.
+
+pub mod calculator;
+pub mod delay;
+pub mod expr;
+pub mod failure_injection;
+pub mod ping_pong;
+
+use keel_core::{RegistryError, ToolRegistry};
+
+pub use calculator::Calculator;
+pub use delay::Delay;
+pub use failure_injection::FailureInjection;
+pub use ping_pong::PingPong;
+
+/// Names of the built-in tools.
+pub const BUILTIN_TOOLS: [&str; 4] = ["calculator", "delay", "failure_injection", "ping_pong"];
+
+/// A registry with every built-in tool.
+pub fn builtin_registry() -> Result<ToolRegistry, RegistryError> {
+    let mut registry = ToolRegistry::new();
+    registry.register_typed(PingPong)?;
+    registry.register_typed(Calculator)?;
+    registry.register_typed(Delay)?;
+    registry.register_typed(FailureInjection::default())?;
+    Ok(registry)
+}

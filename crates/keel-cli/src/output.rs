@@ -1,0 +1,133 @@
+//! How `keel` shows a run: live text as events happen, or one JSON object at the end.
+
+use std::io::Write;
+
+use keel_core::{Event, EventKind, StreamEvent, ToolResultKind};
+use keel_runtime::RunObserver;
+use keel_runtime::outcome::{RunOutcome, RunStatus};
+use serde_json::json;
+
+/// `--output` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Live, human-readable.
+    #[default]
+    Text,
+    /// One JSON object on stdout at the end.
+    Json,
+}
+
+/// Prints a run live: answer text to stdout as it streams, tool activity to stderr.
+#[derive(Debug, Default)]
+pub struct TextPrinter;
+
+impl RunObserver for TextPrinter {
+    fn on_event(&self, event: &Event) {
+        match &event.kind {
+            EventKind::ToolCallRequested { call, .. } => {
+                eprintln!("\n→ {} {}", call.name, call.arguments);
+            }
+            EventKind::ToolCallFinished { result } => match &result.outcome.result {
+                ToolResultKind::Ok { .. } => eprintln!(
+                    "← {} ok ({} ms, {} attempt{}): {}",
+                    result.name,
+                    result.outcome.latency_ms,
+                    result.outcome.attempts,
+                    if result.outcome.attempts == 1 { "" } else { "s" },
+                    shorten(&result.content, 300)
+                ),
+                ToolResultKind::Error { code, message, .. } => {
+                    eprintln!("← {} error {code} ({} attempts): {message}", result.name, result.outcome.attempts)
+                }
+            },
+            EventKind::Retry { scope, attempt, class, wait_ms, .. } => {
+                eprintln!("  retry {scope} attempt {attempt} after {class}, waiting {wait_ms} ms");
+            }
+            EventKind::ApprovalRequested { name, arguments, call_id } => {
+                eprintln!("? approval needed for {name} {arguments} (call {call_id})");
+            }
+            EventKind::ModelFailed { error, .. } => {
+                eprintln!("model error: {}: {}", error.kind, error.message);
+            }
+            EventKind::Notice { message, .. } => eprintln!("note: {message}"),
+            EventKind::ModelResponded { message, .. } if !message.text().is_empty() => println!(),
+            EventKind::RunEnded { end_state, reason, .. } => {
+                match reason {
+                    Some(reason) => eprintln!("[{end_state}: {reason}]"),
+                    None => eprintln!("[{end_state}]"),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_stream(&self, _thread_id: &str, _run_id: &str, event: &StreamEvent) {
+        if let StreamEvent::TextDelta(text) = event {
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        }
+    }
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", text.get(..cut).unwrap_or_default())
+}
+
+/// The `--output json` object.
+pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
+    let (end_state, status) = match &outcome.status {
+        RunStatus::Ended { end_state } => (json!(end_state), json!("ended")),
+        RunStatus::AwaitingApproval { .. } => (serde_json::Value::Null, json!("awaiting_approval")),
+        RunStatus::AwaitingUser { .. } => (serde_json::Value::Null, json!("awaiting_user")),
+    };
+    let mut usage = json!({
+        "input_tokens": outcome.usage.input_tokens,
+        "output_tokens": outcome.usage.output_tokens,
+        "cache_read_tokens": outcome.usage.cache_read_tokens,
+        "cache_write_tokens": outcome.usage.cache_write_tokens,
+    });
+    if let (Some(cost), Some(map)) = (outcome.cost_usd, usage.as_object_mut()) {
+        map.insert("cost_usd".into(), json!(cost));
+    }
+    let mut object = json!({
+        "thread_id": outcome.thread_id,
+        "run_id": outcome.run_id,
+        "trace_id": outcome.trace_id,
+        "status": status,
+        "end_state": end_state,
+        "reason": outcome.reason,
+        "final_text": outcome.final_text,
+        "turns": outcome.turns,
+        "tool_calls": outcome.tool_calls,
+        "usage": usage,
+    });
+    if let Some(map) = object.as_object_mut() {
+        match &outcome.status {
+            RunStatus::AwaitingApproval { call_id, tool } => {
+                map.insert("awaiting".into(), json!({"call_id": call_id, "tool": tool}));
+            }
+            RunStatus::AwaitingUser { question, missing_fields } => {
+                map.insert("awaiting".into(), json!({"question": question, "missing_fields": missing_fields}));
+            }
+            RunStatus::Ended { .. } => {}
+        }
+    }
+    object
+}
+
+/// The exit code for an outcome (see `docs/cli.md`).
+pub fn exit_code(outcome: &RunOutcome) -> u8 {
+    match &outcome.status {
+        RunStatus::Ended { end_state } => u8::try_from(end_state.exit_code()).unwrap_or(1),
+        RunStatus::AwaitingApproval { .. } => 10,
+        RunStatus::AwaitingUser { .. } => 11,
+    }
+}

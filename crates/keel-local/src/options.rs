@@ -1,0 +1,110 @@
+//! [`LocalModelOptions`]: threads, context size, output cap, sampling and the length caps
+//! that keep grammar-constrained generation finite.
+
+use serde::{Deserialize, Serialize};
+
+/// How a [`crate::LocalModel`] runs. Every field has a default that suits a small model on
+/// a laptop CPU; `Default::default()` is the recommended starting point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LocalModelOptions {
+    /// CPU threads for decoding (one token at a time). `None`: the number of available
+    /// cores, at most 8.
+    pub threads: Option<u32>,
+    /// CPU threads for prompt processing. `None`: same as `threads`.
+    pub batch_threads: Option<u32>,
+    /// Context window in tokens (prompt plus answer). `None`: the model's training
+    /// context, at most 8192. Larger windows cost memory for the KV cache.
+    pub context_size: Option<u32>,
+    /// Default cap on generated tokens per answer, used when the request sets none.
+    pub max_tokens: u32,
+    /// Default sampling temperature when the request sets none. `0.0` is greedy
+    /// decoding (deterministic).
+    pub temperature: f32,
+    /// Nucleus sampling default when the request sets none (ignored when greedy).
+    pub top_p: f32,
+    /// Top-k sampling (ignored when greedy).
+    pub top_k: u32,
+    /// Seed of the sampler's random number generator.
+    pub seed: u32,
+    /// Prompt tokens per `decode` call.
+    pub batch_size: u32,
+    /// `maxLength` given to JSON strings in tool and response schemas that declare none.
+    pub max_string_length: u64,
+    /// `maxItems` given to JSON arrays in tool and response schemas that declare none.
+    pub max_array_items: u64,
+    /// Longest run of consecutive digits a constrained answer may contain (bounds numbers,
+    /// which JSON Schema cannot bound by length).
+    pub max_number_digits: u32,
+    /// Most tool calls in one answer.
+    pub max_tool_calls: u32,
+    /// Keep generating past end-of-turn until the token cap (for decode benchmarks only;
+    /// ignored by constrained generations).
+    pub ignore_eos: bool,
+}
+
+impl Default for LocalModelOptions {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            batch_threads: None,
+            context_size: None,
+            max_tokens: 512,
+            temperature: 0.0,
+            top_p: 0.95,
+            top_k: 40,
+            seed: 42,
+            batch_size: 512,
+            max_string_length: 200,
+            max_array_items: 8,
+            max_number_digits: 15,
+            max_tool_calls: 4,
+            ignore_eos: false,
+        }
+    }
+}
+
+impl LocalModelOptions {
+    /// Sets the decode threads.
+    pub fn with_threads(mut self, threads: u32) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// Sets the context window.
+    pub fn with_context_size(mut self, tokens: u32) -> Self {
+        self.context_size = Some(tokens);
+        self
+    }
+
+    /// Sets the default output cap.
+    pub fn with_max_tokens(mut self, tokens: u32) -> Self {
+        self.max_tokens = tokens;
+        self
+    }
+
+    /// Sets the default temperature (`0.0` is greedy).
+    pub fn with_temperature(mut self, temperature: f32) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
+    /// Sets the sampler seed.
+    pub fn with_seed(mut self, seed: u32) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The decode thread count actually used.
+    pub fn effective_threads(&self) -> u32 {
+        self.threads.filter(|t| *t > 0).unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+            u32::try_from(cores.min(8)).unwrap_or(2)
+        })
+    }
+
+    /// The prompt-processing thread count actually used.
+    pub fn effective_batch_threads(&self) -> u32 {
+        self.batch_threads.filter(|t| *t > 0).unwrap_or_else(|| self.effective_threads())
+    }
+}

@@ -1,0 +1,235 @@
+//! Keel's tools served over MCP ([`serve_stdio`], [`serve`]).
+//!
+//! `tools/list` advertises every tool of a [`ToolRegistry`] with its input and output
+//! schemas and annotations derived from its effect. `tools/call` validates the arguments
+//! against the input schema and runs the tool with its timeout, cancelled when the client
+//! sends `notifications/cancelled`. Following MCP 2025-11-25, invalid arguments and tool
+//! failures come back as tool results with `isError: true` (so a model can correct
+//! itself) carrying Keel's error object as `structuredContent`; an unknown tool name is a
+//! JSON-RPC `-32602` error.
+
+use std::sync::Arc;
+
+use keel_core::{
+    CancellationToken, Effect, ToolContext, ToolError, ToolErrorCode, ToolRegistry, ToolSpec,
+};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+
+/// Tools per `tools/list` page.
+const PAGE_SIZE: usize = 100;
+
+/// Why serving over MCP stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The client did not complete the handshake.
+    #[error("MCP handshake with the client failed: {0}")]
+    Handshake(String),
+    /// The server task ended abnormally.
+    #[error("MCP server task failed: {0}")]
+    Task(String),
+}
+
+/// An MCP server exposing the tools of a registry.
+#[derive(Clone)]
+pub struct KeelMcpServer {
+    registry: ToolRegistry,
+    validators: Arc<std::collections::BTreeMap<String, Result<jsonschema::Validator, String>>>,
+    session: String,
+}
+
+impl std::fmt::Debug for KeelMcpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeelMcpServer").field("tools", &self.registry).finish()
+    }
+}
+
+impl KeelMcpServer {
+    /// A server for these tools.
+    pub fn new(registry: ToolRegistry) -> Self {
+        let validators = registry
+            .specs()
+            .map(|spec| {
+                let validator = jsonschema::validator_for(&spec.input_schema)
+                    .map_err(|e| format!("input schema of `{}` does not compile: {e}", spec.name));
+                (spec.name.clone(), validator)
+            })
+            .collect();
+        Self { registry, validators: Arc::new(validators), session: keel_core::new_id("mcp") }
+    }
+}
+
+/// The MCP `Tool` for a Keel spec: usage guidance appended to the description,
+/// annotations from the effect and approval mode.
+pub fn mcp_tool_for_spec(spec: &ToolSpec) -> Tool {
+    let description = format!("{}\n\n{}", spec.description.trim(), spec.usage.trim());
+    let annotations = json!({
+        "title": spec.name,
+        "readOnlyHint": spec.effect == Effect::ReadOnly,
+        "destructiveHint": spec.effect == Effect::Mutating,
+        "idempotentHint": spec.effect != Effect::Mutating,
+        "openWorldHint": false,
+    });
+    let mut tool = json!({
+        "name": spec.name,
+        "description": description,
+        "inputSchema": spec.input_schema,
+        "annotations": annotations,
+    });
+    if let Some(output) = &spec.output_schema
+        && output.get("type").and_then(Value::as_str) == Some("object")
+        && let Value::Object(map) = &mut tool
+    {
+        map.insert("outputSchema".into(), output.clone());
+    }
+    serde_json::from_value(tool).unwrap_or_else(|_| {
+        Tool::new(spec.name.clone(), spec.description.clone(), Arc::new(serde_json::Map::new()))
+    })
+}
+
+fn error_result(error: &ToolError) -> CallToolResult {
+    let mut body = serde_json::Map::new();
+    body.insert("code".into(), Value::String(error.code.as_str().into()));
+    body.insert("message".into(), Value::String(error.message.clone()));
+    if let Some(details) = &error.details {
+        body.insert("details".into(), details.clone());
+    }
+    let value = json!({ "error": body });
+    let mut result = CallToolResult::structured_error(value);
+    result.content = vec![ContentBlock::text(format!("{}: {}", error.code, error.message))];
+    result
+}
+
+fn success_result(spec: &ToolSpec, output: Value) -> CallToolResult {
+    let text = match &output {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let declared = spec.output_schema.as_ref().and_then(|s| s.get("type")).and_then(Value::as_str)
+        == Some("object");
+    if output.is_object() && declared {
+        let mut result = CallToolResult::structured(output);
+        result.content = vec![ContentBlock::text(text)];
+        result
+    } else {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    }
+}
+
+impl ServerHandler for KeelMcpServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Keel's tools. Each tool's description ends with its usage guide; errors come \
+                 back as results with isError and a structured {\"error\":{code,message}}.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let start = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor
+                .parse::<usize>()
+                .map_err(|_| ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None))?,
+        };
+        let specs: Vec<&ToolSpec> = self.registry.specs().collect();
+        let page: Vec<Tool> =
+            specs.iter().skip(start).take(PAGE_SIZE).map(|spec| mcp_tool_for_spec(spec)).collect();
+        let end = start + page.len();
+        let mut result = ListToolsResult::default();
+        result.tools = page;
+        result.next_cursor = (end < specs.len()).then(|| end.to_string());
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let Some(tool) = self.registry.get(&name) else {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool `{name}`; call tools/list for the available tools"),
+                None,
+            ));
+        };
+        let spec = tool.spec();
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        match self.validators.get(&name) {
+            Some(Ok(validator)) => {
+                let problems: Vec<String> = validator
+                    .iter_errors(&args)
+                    .map(|e| {
+                        let path = e.instance_path().to_string();
+                        let at = if path.is_empty() { "arguments".to_string() } else { format!("`{path}`") };
+                        format!("{at}: {e}")
+                    })
+                    .collect();
+                if !problems.is_empty() {
+                    let error = ToolError::invalid_input(format!(
+                        "arguments for `{name}` do not match its input schema: {}",
+                        problems.join("; ")
+                    ))
+                    .with_details(json!({ "problems": problems }));
+                    return Ok(error_result(&error).into());
+                }
+            }
+            Some(Err(problem)) => {
+                let error = ToolError::new(ToolErrorCode::ToolBug, problem.clone());
+                return Ok(error_result(&error).into());
+            }
+            None => {}
+        }
+        let cancel = CancellationToken::new();
+        let call_id = format!("{}", serde_json::to_value(&context.id).unwrap_or(Value::Null));
+        let ctx = ToolContext::new("mcp", self.session.clone(), call_id, cancel.clone());
+        let outcome = tokio::select! {
+            result = tool.call(args, &ctx) => result,
+            _ = context.ct.cancelled() => {
+                cancel.cancel();
+                Err(ToolError::new(ToolErrorCode::Cancelled, "cancelled by the MCP client"))
+            }
+            _ = tokio::time::sleep(spec.timeout()) => {
+                cancel.cancel();
+                Err(ToolError::new(
+                    ToolErrorCode::Timeout,
+                    format!("`{name}` did not finish within {} ms", spec.timeout_ms),
+                ))
+            }
+        };
+        Ok(match outcome {
+            Ok(output) => success_result(spec, output),
+            Err(error) => error_result(&error),
+        }
+        .into())
+    }
+}
+
+/// Serves `server` on any rmcp transport until the client disconnects.
+pub async fn serve<T, E, A>(server: KeelMcpServer, transport: T) -> Result<(), ServeError>
+where
+    T: rmcp::transport::IntoTransport<RoleServer, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let running = server.serve(transport).await.map_err(|e| ServeError::Handshake(e.to_string()))?;
+    running.waiting().await.map_err(|e| ServeError::Task(e.to_string()))?;
+    Ok(())
+}
+
+/// Serves the tools of `registry` as an MCP server on this process's stdin/stdout until
+/// the client closes the connection (`keel mcp serve`). Nothing else may write to stdout
+/// meanwhile; log to stderr.
+pub async fn serve_stdio(registry: ToolRegistry) -> Result<(), ServeError> {
+    serve(KeelMcpServer::new(registry), rmcp::transport::stdio()).await
+}

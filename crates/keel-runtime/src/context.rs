@@ -1,0 +1,205 @@
+//! The run context: where events go (store and observers), who answers approvals and
+//! questions, and the cancellation token of the run (seed 003's "run context").
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use keel_core::{CancellationToken, Event, EventStore, MemoryStore, StreamEvent, ToolCall};
+use tokio::sync::mpsc;
+
+/// Sees every event of a run as it is appended, and the model's stream as it arrives.
+/// Called inline by the runner: implementations must be quick and must not block (hand
+/// heavy work to a channel or a background task).
+pub trait RunObserver: Send + Sync {
+    /// A durable event was appended.
+    fn on_event(&self, event: &Event);
+
+    /// A streamed piece of a model answer (text deltas, tool-call fragments, retries).
+    fn on_stream(&self, _thread_id: &str, _run_id: &str, _event: &StreamEvent) {}
+}
+
+/// What an observer channel carries.
+#[derive(Debug, Clone)]
+pub enum RunUpdate {
+    /// An appended event.
+    Event(Arc<Event>),
+    /// A stream fragment.
+    Stream(StreamEvent),
+}
+
+/// An observer that forwards everything to an unbounded channel (nothing is dropped).
+#[derive(Debug, Clone)]
+pub struct ChannelObserver {
+    sender: mpsc::UnboundedSender<RunUpdate>,
+}
+
+impl ChannelObserver {
+    /// A new observer and the receiving end.
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<RunUpdate>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (Self { sender }, receiver)
+    }
+}
+
+impl RunObserver for ChannelObserver {
+    fn on_event(&self, event: &Event) {
+        // A closed receiver only means nobody listens any more.
+        let _ = self.sender.send(RunUpdate::Event(Arc::new(event.clone())));
+    }
+
+    fn on_stream(&self, _thread_id: &str, _run_id: &str, event: &StreamEvent) {
+        let _ = self.sender.send(RunUpdate::Stream(event.clone()));
+    }
+}
+
+/// Which calls need a human decision and how they are answered by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// Only tools declared `approval: always` need approval; the handler decides.
+    #[default]
+    Auto,
+    /// Every tool call needs approval; the handler decides.
+    Ask,
+    /// Calls that need approval are denied without asking.
+    Deny,
+}
+
+/// A human's (or policy's) answer to an approval request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Run the call.
+    Approve,
+    /// Do not run it; the model is told why.
+    Deny {
+        /// Why.
+        reason: Option<String>,
+    },
+    /// No answer now: the run pauses and can be resumed once someone decides.
+    Defer,
+}
+
+/// Answers approval requests.
+#[async_trait]
+pub trait ApprovalHandler: Send + Sync {
+    /// Decides on one call.
+    async fn decide(&self, thread_id: &str, call: &ToolCall) -> ApprovalDecision;
+}
+
+/// Approves everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApproveAll;
+
+#[async_trait]
+impl ApprovalHandler for ApproveAll {
+    async fn decide(&self, _thread_id: &str, _call: &ToolCall) -> ApprovalDecision {
+        ApprovalDecision::Approve
+    }
+}
+
+/// Defers every decision: the run pauses until approved out of band.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DeferAll;
+
+#[async_trait]
+impl ApprovalHandler for DeferAll {
+    async fn decide(&self, _thread_id: &str, _call: &ToolCall) -> ApprovalDecision {
+        ApprovalDecision::Defer
+    }
+}
+
+/// Answers the agent's questions to the user.
+#[async_trait]
+pub trait UserInputSource: Send + Sync {
+    /// The answer, or `None` to pause the run until an answer arrives out of band.
+    async fn answer(&self, thread_id: &str, question: &str, missing_fields: &[String]) -> Option<String>;
+}
+
+/// Never answers: runs that ask the user pause.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoUserInput;
+
+#[async_trait]
+impl UserInputSource for NoUserInput {
+    async fn answer(&self, _thread_id: &str, _question: &str, _fields: &[String]) -> Option<String> {
+        None
+    }
+}
+
+/// Everything a run needs from its surroundings.
+#[derive(Clone)]
+pub struct RunContext {
+    /// Where events are persisted before they are acted on.
+    pub store: Arc<dyn EventStore>,
+    /// Who sees events as they happen.
+    pub observers: Vec<Arc<dyn RunObserver>>,
+    /// Who answers approvals.
+    pub approvals: Arc<dyn ApprovalHandler>,
+    /// How approvals are required and defaulted.
+    pub approval_mode: ApprovalMode,
+    /// Who answers questions.
+    pub user_input: Arc<dyn UserInputSource>,
+    /// Cancels the run (Ctrl-C).
+    pub cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext")
+            .field("observers", &self.observers.len())
+            .field("approval_mode", &self.approval_mode)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for RunContext {
+    fn default() -> Self {
+        Self::new(Arc::new(MemoryStore::new()))
+    }
+}
+
+impl RunContext {
+    /// A context over a store, with no observers, approving nothing interactively
+    /// (approvals defer), no user input, and a fresh cancellation token.
+    pub fn new(store: Arc<dyn EventStore>) -> Self {
+        Self {
+            store,
+            observers: Vec::new(),
+            approvals: Arc::new(DeferAll),
+            approval_mode: ApprovalMode::Auto,
+            user_input: Arc::new(NoUserInput),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Adds an observer.
+    pub fn with_observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Sets the approval handler.
+    pub fn with_approvals(mut self, handler: Arc<dyn ApprovalHandler>) -> Self {
+        self.approvals = handler;
+        self
+    }
+
+    /// Sets the approval mode.
+    pub fn with_approval_mode(mut self, mode: ApprovalMode) -> Self {
+        self.approval_mode = mode;
+        self
+    }
+
+    /// Sets the user-input source.
+    pub fn with_user_input(mut self, source: Arc<dyn UserInputSource>) -> Self {
+        self.user_input = source;
+        self
+    }
+
+    /// Sets the cancellation token.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
+    }
+}

@@ -1,0 +1,352 @@
+//! The tool executor: the single entry point for every tool call.
+//!
+//! For each call it looks the tool up, parses and validates the arguments against the
+//! input schema (validators compiled once per tool), runs the tool under its timeout with
+//! panics contained, retries retryable failures with decorrelated jitter (honouring a
+//! tool's retry-after hint), validates the output against the output schema, and caps the
+//! payload with a truncation notice. Whatever happens, the result is a [`ToolOutcome`]:
+//! failures are data for the model, never a crash of the run.
+//!
+//! Calls of one model turn run concurrently: read-only and idempotent tools share a read
+//! lock, mutating tools take the write lock so they never overlap with anything.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use keel_core::tool::{CredentialSource, NoCredentials};
+use keel_core::{
+    CancellationToken, DynTool, Effect, ToolCall, ToolContext, ToolError, ToolErrorCode,
+    ToolOutcome, ToolRegistry, ToolResultKind, ToolSpec,
+};
+use serde_json::Value;
+use tokio::sync::RwLock;
+
+/// The longest server-suggested wait the executor honours before a retry.
+const MAX_RETRY_AFTER_MS: u64 = 60_000;
+
+/// Where a call runs.
+#[derive(Debug, Clone, Copy)]
+pub struct CallEnv<'a> {
+    /// Thread id.
+    pub thread_id: &'a str,
+    /// Run id.
+    pub run_id: &'a str,
+    /// The run's cancellation token; each call gets a child of it.
+    pub cancel: &'a CancellationToken,
+}
+
+/// One retry the executor made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryRecord {
+    /// The attempt that failed (1-based).
+    pub attempt: u32,
+    /// Why.
+    pub code: ToolErrorCode,
+    /// How long it waited before the next attempt.
+    pub wait_ms: u64,
+}
+
+/// The outcome of one call plus what happened on the way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    /// The outcome.
+    pub outcome: ToolOutcome,
+    /// Retries made.
+    pub retries: Vec<RetryRecord>,
+}
+
+struct CompiledTool {
+    tool: Arc<dyn DynTool>,
+    input: Option<jsonschema::Validator>,
+    output: Option<jsonschema::Validator>,
+}
+
+/// Runs tool calls under the tool contract.
+pub struct ToolExecutor {
+    tools: HashMap<String, CompiledTool>,
+    names: Vec<String>,
+    mutation_lock: Arc<RwLock<()>>,
+    credentials: Arc<dyn CredentialSource>,
+}
+
+impl std::fmt::Debug for ToolExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolExecutor").field("tools", &self.names).finish_non_exhaustive()
+    }
+}
+
+impl ToolExecutor {
+    /// An executor for a registry. Schemas were checked at registration, so compiling them
+    /// here only fails for exotic schemas; such a tool then runs without that validation.
+    pub fn new(registry: &ToolRegistry) -> Self {
+        let mut tools = HashMap::new();
+        for spec in registry.specs() {
+            let Some(tool) = registry.get(&spec.name) else { continue };
+            let input = jsonschema::validator_for(&spec.input_schema).ok();
+            let output = spec.output_schema.as_ref().and_then(|s| jsonschema::validator_for(s).ok());
+            tools.insert(spec.name.clone(), CompiledTool { tool: Arc::clone(tool), input, output });
+        }
+        Self {
+            names: registry.names().map(str::to_string).collect(),
+            tools,
+            mutation_lock: Arc::new(RwLock::new(())),
+            credentials: Arc::new(NoCredentials),
+        }
+    }
+
+    /// Uses this credential source for every call.
+    pub fn with_credentials(mut self, credentials: Arc<dyn CredentialSource>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The spec of a tool.
+    pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
+        self.tools.get(name).map(|t| t.tool.spec())
+    }
+
+    /// Executes one call. Never panics, never hangs past the tool's timeout.
+    pub async fn execute(&self, call: &ToolCall, env: CallEnv<'_>) -> Execution {
+        let started = Instant::now();
+        let mut retries = Vec::new();
+        let (result, attempts) = self.execute_inner(call, env, &mut retries).await;
+        let outcome = ToolOutcome {
+            tool: call.name.clone(),
+            call_id: call.id.clone(),
+            thread_id: env.thread_id.to_string(),
+            run_id: env.run_id.to_string(),
+            attempts,
+            latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            result,
+        };
+        Execution { outcome, retries }
+    }
+
+    async fn execute_inner(
+        &self,
+        call: &ToolCall,
+        env: CallEnv<'_>,
+        retries: &mut Vec<RetryRecord>,
+    ) -> (ToolResultKind, u32) {
+        let Some(compiled) = self.tools.get(&call.name) else {
+            let error = ToolError::new(
+                ToolErrorCode::NotFound,
+                format!(
+                    "unknown tool `{}`; available tools: {}",
+                    call.name,
+                    if self.names.is_empty() { "none".to_string() } else { self.names.join(", ") }
+                ),
+            );
+            return (error_kind(error), 0);
+        };
+        let spec = compiled.tool.spec();
+        let args = match call.parse_arguments() {
+            Ok(args) => args,
+            Err(error) => {
+                let error = ToolError::invalid_input(format!(
+                    "arguments for `{}` are not valid JSON ({error}); send one JSON object matching the tool's input schema",
+                    call.name
+                ))
+                .with_details(serde_json::json!({ "raw_arguments": call.arguments }));
+                return (error_kind(error), 0);
+            }
+        };
+        if let Some(validator) = &compiled.input
+            && let Some(error) = schema_errors(validator, &args, "input")
+        {
+            return (error_kind(error.prefixed(&format!("invalid arguments for `{}`", spec.name))), 0);
+        }
+
+        let _guard = match spec.effect {
+            Effect::Mutating => LockGuard::Write(self.mutation_lock.write().await),
+            Effect::ReadOnly | Effect::Idempotent => LockGuard::Read(self.mutation_lock.read().await),
+        };
+
+        let max_attempts = spec.retry.max_attempts.max(1);
+        let mut previous_wait = spec.retry.base_delay_ms.max(1);
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let result = self.attempt(compiled, args.clone(), call, env).await;
+            let error = match result {
+                Ok(data) => return (self.check_output(compiled, data), attempt),
+                Err(error) => error,
+            };
+            if !error.code.is_retryable() || attempt >= max_attempts || env.cancel.is_cancelled() {
+                return (error_kind(error), attempt);
+            }
+            let wait_ms = match error.retry_after_ms {
+                // A server-given wait is honoured, up to a minute.
+                Some(ms) => ms.min(MAX_RETRY_AFTER_MS),
+                None => decorrelated_jitter(spec.retry.base_delay_ms, previous_wait, spec.retry.max_delay_ms),
+            };
+            previous_wait = wait_ms.max(1);
+            retries.push(RetryRecord { attempt, code: error.code, wait_ms });
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
+                () = env.cancel.cancelled() => {
+                    return (error_kind(ToolError::new(ToolErrorCode::Cancelled, "cancelled while waiting to retry")), attempt);
+                }
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        compiled: &CompiledTool,
+        args: Value,
+        call: &ToolCall,
+        env: CallEnv<'_>,
+    ) -> Result<Value, ToolError> {
+        let spec = compiled.tool.spec();
+        let call_token = env.cancel.child();
+        let mut ctx = ToolContext::new(env.thread_id, env.run_id, call.id.clone(), call_token.clone());
+        ctx.credentials = Arc::clone(&self.credentials);
+        let work = AssertUnwindSafe(compiled.tool.call(args, &ctx)).catch_unwind();
+        let result = tokio::select! {
+            result = tokio::time::timeout(spec.timeout(), work) => result,
+            () = env.cancel.cancelled() => {
+                call_token.cancel();
+                return Err(ToolError::new(ToolErrorCode::Cancelled, format!("`{}` was cancelled", spec.name)));
+            }
+        };
+        match result {
+            Err(_elapsed) => {
+                call_token.cancel();
+                Err(ToolError::new(
+                    ToolErrorCode::Timeout,
+                    format!("`{}` did not answer within {} ms", spec.name, spec.timeout_ms),
+                ))
+            }
+            Ok(Err(panic)) => Err(ToolError::new(
+                ToolErrorCode::ToolBug,
+                format!("`{}` crashed: {}", spec.name, panic_message(panic.as_ref())),
+            )),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    fn check_output(&self, compiled: &CompiledTool, data: Value) -> ToolResultKind {
+        let spec = compiled.tool.spec();
+        let schema_validated = match &compiled.output {
+            Some(validator) => {
+                if let Some(error) = schema_errors(validator, &data, "output") {
+                    return error_kind(error.prefixed(&format!(
+                        "`{}` returned output that does not match its output schema",
+                        spec.name
+                    )));
+                }
+                true
+            }
+            None => false,
+        };
+        let (data, truncated) = cap_payload(data, spec.max_payload_bytes, &spec.name);
+        ToolResultKind::Ok { data, schema_validated, truncated }
+    }
+
+    /// Executes the calls of one model turn concurrently and yields their executions in
+    /// call order (`FuturesOrdered`), so results can be committed in order as they come.
+    pub fn execute_ordered<'s>(
+        &'s self,
+        calls: Vec<ToolCall>,
+        env: CallEnv<'s>,
+    ) -> futures::stream::FuturesOrdered<futures::future::BoxFuture<'s, (ToolCall, Execution)>> {
+        calls
+            .into_iter()
+            .map(|call| -> futures::future::BoxFuture<'s, (ToolCall, Execution)> {
+                Box::pin(async move {
+                    let execution = self.execute(&call, env).await;
+                    (call, execution)
+                })
+            })
+            .collect()
+    }
+}
+
+enum LockGuard<'a> {
+    Read(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+    Write(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
+}
+
+trait Prefixed {
+    fn prefixed(self, prefix: &str) -> Self;
+}
+
+impl Prefixed for ToolError {
+    fn prefixed(mut self, prefix: &str) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+}
+
+fn error_kind(error: ToolError) -> ToolResultKind {
+    ToolResultKind::Error { code: error.code, message: error.message, details: error.details }
+}
+
+/// All schema violations of `value` (at most 5), as one error naming each failing path.
+fn schema_errors(validator: &jsonschema::Validator, value: &Value, which: &str) -> Option<ToolError> {
+    let errors: Vec<(String, String)> = validator
+        .iter_errors(value)
+        .take(5)
+        .map(|e| {
+            let path = e.instance_path().to_string();
+            (if path.is_empty() { "/".to_string() } else { path }, e.to_string())
+        })
+        .collect();
+    if errors.is_empty() {
+        return None;
+    }
+    let message = errors
+        .iter()
+        .map(|(path, message)| format!("at `{path}`: {message}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let details = serde_json::json!({
+        "schema": which,
+        "errors": errors.iter().map(|(path, message)| serde_json::json!({"path": path, "message": message})).collect::<Vec<_>>(),
+    });
+    let code = if which == "input" { ToolErrorCode::InvalidInput } else { ToolErrorCode::OutputSchemaMismatch };
+    Some(ToolError::new(code, message).with_details(details))
+}
+
+/// Decorrelated jitter (AWS architecture blog): `min(cap, random(base, previous * 3))`.
+pub fn decorrelated_jitter(base_ms: u64, previous_ms: u64, cap_ms: u64) -> u64 {
+    let base = base_ms.max(1);
+    let upper = previous_ms.saturating_mul(3).max(base + 1);
+    fastrand::u64(base..upper).min(cap_ms.max(base))
+}
+
+/// Truncates output over the cap, appending `[OUTPUT TRUNCATED: showing X of Y bytes from
+/// TOOL]`. Returns the (possibly) new data and whether it was truncated.
+pub fn cap_payload(data: Value, max_bytes: usize, tool: &str) -> (Value, bool) {
+    let text = match &data {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.len() <= max_bytes {
+        return (data, false);
+    }
+    let mut cut = max_bytes;
+    while cut > 0 && !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let kept = text.get(..cut).unwrap_or_default();
+    let notice = format!(
+        "\n[OUTPUT TRUNCATED: showing {cut} of {} bytes from {tool}; ask for a narrower query or the next page]",
+        text.len()
+    );
+    (Value::String(format!("{kept}{notice}")), true)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}

@@ -1,0 +1,195 @@
+//! Run leasing for scale-out workers: a queue of runs to drive, each handed to at most one
+//! worker at a time under a time-limited lease.
+//!
+//! A worker calls [`RunQueue::acquire`] to lease a ready job (queued, or whose previous
+//! lease expired because its worker crashed), renews the lease while it drives the run,
+//! and completes (or releases) it at the end. Every acquisition increments the job's
+//! fencing token; `renew`, `complete` and `release` succeed only for the current token
+//! of an unexpired lease, so a worker that stalled past its lease cannot touch the job
+//! after another worker took it over ([`QueueError::LeaseLost`]).
+//!
+//! Enqueueing is idempotent per thread: while a thread has a queued or leased job, a new
+//! `enqueue` for it returns that job's id (updating its payload). If the job is leased at
+//! that moment it is marked to run again: `complete` puts it back in the queue instead of
+//! finishing it, so an event that arrives while a worker is busy (an approval, a user
+//! reply) is never lost.
+
+mod memory;
+mod postgres;
+mod sqlite;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use memory::MemoryRunQueue;
+
+/// A job's id.
+pub type JobId = i64;
+
+/// Why a queue operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QueueError {
+    /// The lease expired or was taken over; the caller must stop driving the run.
+    #[error("lease on job {job_id} (token {token}) is no longer held: it expired or another worker took it over")]
+    LeaseLost {
+        /// Job.
+        job_id: JobId,
+        /// The stale fencing token.
+        token: u64,
+    },
+    /// A bad argument (names the field).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The backend failed.
+    #[error("queue backend error: {0}")]
+    Backend(String),
+}
+
+impl QueueError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::LeaseLost { .. } => "lease_lost",
+            Self::InvalidArgument(_) => "invalid_argument",
+            Self::Backend(_) => "backend",
+        }
+    }
+}
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for a worker.
+    Queued,
+    /// Held by a worker (the lease may have expired; then it is ready again).
+    Leased,
+    /// Completed.
+    Done,
+}
+
+impl JobState {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Leased => "leased",
+            Self::Done => "done",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Self, QueueError> {
+        match s {
+            "queued" => Ok(Self::Queued),
+            "leased" => Ok(Self::Leased),
+            "done" => Ok(Self::Done),
+            other => Err(QueueError::Backend(format!("stored job state {other:?} is unknown"))),
+        }
+    }
+}
+
+/// A worker's time-limited claim on a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The job.
+    pub job_id: JobId,
+    /// The thread to drive.
+    pub thread_id: String,
+    /// What was enqueued (e.g. agent, input).
+    pub payload: Value,
+    /// Holder.
+    pub worker_id: String,
+    /// Fencing token: increases with every acquisition of this job.
+    pub token: u64,
+    /// When the lease lapses unless renewed (by the backend's clock).
+    pub expires_at: DateTime<Utc>,
+    /// How many times the job was acquired, this time included (> 1 means a takeover or
+    /// a rerun).
+    pub attempts: u32,
+}
+
+/// A job as seen by an observer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// The job.
+    pub job_id: JobId,
+    /// Its thread.
+    pub thread_id: String,
+    /// State.
+    pub state: JobState,
+    /// Last (or current) holder.
+    pub worker_id: Option<String>,
+    /// Current fencing token.
+    pub token: u64,
+    /// Acquisitions so far.
+    pub attempts: u32,
+}
+
+/// How many jobs are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueCounts {
+    /// Waiting.
+    pub queued: u64,
+    /// Leased (including expired leases not yet taken over).
+    pub leased: u64,
+    /// Completed.
+    pub done: u64,
+}
+
+/// A queue of runs leased to workers. Implemented by [`crate::PostgresStore`] (using
+/// `FOR UPDATE SKIP LOCKED`), [`crate::SqliteStore`] (one process or several on one
+/// machine) and [`MemoryRunQueue`].
+#[async_trait]
+pub trait RunQueue: Send + Sync {
+    /// Adds a job for `thread_id` (idempotent per active thread, see the module docs).
+    async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError>;
+
+    /// Leases the oldest ready job to `worker_id` for `ttl`, or `None` when nothing is
+    /// ready. Never hands a job to two workers while a lease on it is valid.
+    async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError>;
+
+    /// Extends a valid lease to `ttl` from now; returns the lease with its new expiry.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError>;
+
+    /// Finishes the job (or re-queues it when it was enqueued again meanwhile).
+    async fn complete(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// Gives the job back to the queue at once (e.g. on worker shutdown).
+    async fn release(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// Looks a job up.
+    async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError>;
+
+    /// Jobs per state.
+    async fn counts(&self) -> Result<QueueCounts, QueueError>;
+}
+
+pub(crate) fn ttl_ns(ttl: Duration) -> Result<i64, QueueError> {
+    let ns = i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX);
+    if ns <= 0 {
+        return Err(QueueError::InvalidArgument("lease ttl must be greater than zero".into()));
+    }
+    Ok(ns)
+}
+
+pub(crate) fn backend(operation: &str, error: impl std::fmt::Display) -> QueueError {
+    QueueError::Backend(format!("{operation}: {error}"))
+}
+
+pub(crate) fn check_worker(worker_id: &str) -> Result<(), QueueError> {
+    if worker_id.is_empty() {
+        return Err(QueueError::InvalidArgument("worker_id must not be empty".into()));
+    }
+    Ok(())
+}
+
+pub(crate) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+pub(crate) fn to_u32(value: i64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}

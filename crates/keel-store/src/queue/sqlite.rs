@@ -1,0 +1,163 @@
+//! The run queue on SQLite. Each operation is a single statement; SQLite serializes
+//! writers, so `acquire` (one `UPDATE ... WHERE job_id = (SELECT ... LIMIT 1) RETURNING`)
+//! can never hand one job to two workers. Lease times use this process's clock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::{JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker, to_u32, to_u64, ttl_ns};
+use crate::SqliteStore;
+
+fn now_ns() -> i64 {
+    crate::rows::ts_to_ns_saturating(Utc::now())
+}
+
+fn lease_from_row(row: &SqliteRow, worker_id: &str) -> Result<Lease, QueueError> {
+    let decode = |e: sqlx::Error| backend("sqlite decode lease", e);
+    let payload: String = row.try_get("payload").map_err(decode)?;
+    Ok(Lease {
+        job_id: row.try_get("job_id").map_err(decode)?,
+        thread_id: row.try_get("thread_id").map_err(decode)?,
+        payload: serde_json::from_str(&payload).map_err(|e| backend("stored payload does not parse", e))?,
+        worker_id: worker_id.to_string(),
+        token: to_u64(row.try_get("lease_token").map_err(decode)?),
+        expires_at: crate::rows::ns_to_ts(row.try_get("lease_expires_at").map_err(decode)?),
+        attempts: to_u32(row.try_get("attempts").map_err(decode)?),
+    })
+}
+
+fn token(lease: &Lease) -> i64 {
+    i64::try_from(lease.token).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl RunQueue for SqliteStore {
+    async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
+        if thread_id.is_empty() {
+            return Err(QueueError::InvalidArgument("thread_id must not be empty".into()));
+        }
+        let body = serde_json::to_string(payload).map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
+        sqlx::query_scalar(
+            "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) VALUES (?1, ?2, 'queued', ?3, ?3) \
+             ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = excluded.payload, \
+             rerun = (run_queue.state = 'leased'), updated_at = excluded.updated_at RETURNING job_id",
+        )
+        .bind(thread_id)
+        .bind(body)
+        .bind(now_ns())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| backend("sqlite enqueue", e))
+    }
+
+    async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
+        check_worker(worker_id)?;
+        let now = now_ns();
+        let expires = now.saturating_add(ttl_ns(ttl)?);
+        let row = sqlx::query(
+            "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
+             lease_expires_at = ?2, attempts = attempts + 1, updated_at = ?3 \
+             WHERE job_id = (SELECT job_id FROM run_queue WHERE state = 'queued' \
+             OR (state = 'leased' AND lease_expires_at <= ?3) ORDER BY job_id LIMIT 1) \
+             RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
+        )
+        .bind(worker_id)
+        .bind(expires)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| backend("sqlite acquire", e))?;
+        row.map(|row| lease_from_row(&row, worker_id)).transpose()
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError> {
+        let now = now_ns();
+        let expires = now.saturating_add(ttl_ns(ttl)?);
+        let done = sqlx::query(
+            "UPDATE run_queue SET lease_expires_at = ?1, updated_at = ?2 WHERE job_id = ?3 AND lease_token = ?4 \
+             AND state = 'leased' AND lease_expires_at > ?2",
+        )
+        .bind(expires)
+        .bind(now)
+        .bind(lease.job_id)
+        .bind(token(lease))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| backend("sqlite renew", e))?
+        .rows_affected();
+        if done == 0 {
+            return Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token });
+        }
+        Ok(Lease { expires_at: crate::rows::ns_to_ts(expires), ..lease.clone() })
+    }
+
+    async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
+        finish(self, lease, "CASE WHEN rerun THEN 'queued' ELSE 'done' END").await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
+        finish(self, lease, "'queued'").await
+    }
+
+    async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
+        let row = sqlx::query(
+            "SELECT job_id, thread_id, state, worker_id, lease_token, attempts FROM run_queue WHERE job_id = ?1",
+        )
+        .bind(job_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| backend("sqlite job", e))?;
+        let Some(row) = row else { return Ok(None) };
+        let decode = |e: sqlx::Error| backend("sqlite decode job", e);
+        let state: String = row.try_get("state").map_err(decode)?;
+        Ok(Some(JobInfo {
+            job_id: row.try_get("job_id").map_err(decode)?,
+            thread_id: row.try_get("thread_id").map_err(decode)?,
+            state: JobState::parse(&state)?,
+            worker_id: row.try_get("worker_id").map_err(decode)?,
+            token: to_u64(row.try_get("lease_token").map_err(decode)?),
+            attempts: to_u32(row.try_get("attempts").map_err(decode)?),
+        }))
+    }
+
+    async fn counts(&self) -> Result<QueueCounts, QueueError> {
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM run_queue GROUP BY state")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| backend("sqlite counts", e))?;
+        let mut counts = QueueCounts::default();
+        for (state, n) in rows {
+            match JobState::parse(&state)? {
+                JobState::Queued => counts.queued = to_u64(n),
+                JobState::Leased => counts.leased = to_u64(n),
+                JobState::Done => counts.done = to_u64(n),
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// Ends a held lease, moving the job to `next_state` (an SQL expression from this module).
+async fn finish(store: &SqliteStore, lease: &Lease, next_state: &'static str) -> Result<(), QueueError> {
+    let sql = format!(
+        "UPDATE run_queue SET state = {next_state}, rerun = 0, lease_expires_at = NULL, updated_at = ?1 \
+         WHERE job_id = ?2 AND lease_token = ?3 AND state = 'leased' AND lease_expires_at > ?1"
+    );
+    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(now_ns())
+        .bind(lease.job_id)
+        .bind(token(lease))
+        .execute(&store.pool)
+        .await
+        .map_err(|e| backend("sqlite finish lease", e))?
+        .rows_affected();
+    if done == 0 {
+        return Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token });
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Conversions shared by the SQL stores: events to rows, thread status to columns, and
+//! timestamps to integer nanoseconds (exact, so summaries equal the events' own times).
+
+use chrono::{DateTime, Utc};
+use keel_core::EndState;
+use keel_core::event::{Event, EventKind};
+use keel_core::store::{StoreError, ThreadStatus, ThreadSummary};
+
+/// Maps a driver error to [`StoreError::Backend`], naming the operation.
+pub(crate) fn backend(operation: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("{operation}: {error}"))
+}
+
+/// Whether a sqlx error is a unique-constraint violation.
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// A `u64` as a database integer.
+pub(crate) fn to_i64(field: &str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::InvalidBatch(format!("{field} {value} does not fit in a signed 64-bit integer")))
+}
+
+/// A database integer as a `u64` (negative values are corrupt data).
+pub(crate) fn to_u64(field: &str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Backend(format!("stored {field} is negative: {value}")))
+}
+
+/// A timestamp as nanoseconds since the epoch.
+pub(crate) fn ts_to_ns(ts: DateTime<Utc>) -> Result<i64, StoreError> {
+    ts.timestamp_nanos_opt().ok_or_else(|| {
+        StoreError::InvalidBatch(format!("timestamp {ts} is outside the storable range (years 1677..2262)"))
+    })
+}
+
+/// Nanoseconds since the epoch as a timestamp.
+pub(crate) fn ns_to_ts(ns: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(ns)
+}
+
+/// A cutoff/filter time as nanoseconds, saturating at the representable range.
+pub(crate) fn ts_to_ns_saturating(ts: DateTime<Utc>) -> i64 {
+    ts.timestamp_nanos_opt()
+        .unwrap_or(if ts.timestamp() < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// The `(status, end_state)` columns of a status.
+pub(crate) fn status_columns(status: ThreadStatus) -> (&'static str, Option<&'static str>) {
+    match status {
+        ThreadStatus::Running => ("running", None),
+        ThreadStatus::AwaitingApproval => ("awaiting_approval", None),
+        ThreadStatus::AwaitingUser => ("awaiting_user", None),
+        ThreadStatus::Ended(end) => ("ended", Some(end.as_str())),
+    }
+}
+
+/// A status read back from its columns.
+pub(crate) fn status_from_columns(status: &str, end_state: Option<&str>) -> Result<ThreadStatus, StoreError> {
+    match (status, end_state) {
+        ("running", _) => Ok(ThreadStatus::Running),
+        ("awaiting_approval", _) => Ok(ThreadStatus::AwaitingApproval),
+        ("awaiting_user", _) => Ok(ThreadStatus::AwaitingUser),
+        ("ended", Some(end)) => serde_json::from_value::<EndState>(serde_json::Value::String(end.to_string()))
+            .map(ThreadStatus::Ended)
+            .map_err(|e| StoreError::Backend(format!("stored end_state {end:?} is unknown: {e}"))),
+        (other, end) => Err(StoreError::Backend(format!(
+            "stored thread status {other:?} (end_state {end:?}) is unknown"
+        ))),
+    }
+}
+
+/// The status an event sets regardless of the previous one, or `None` when the event
+/// leaves the status unchanged (derived from [`ThreadStatus::after`]).
+fn status_set_by(kind: &EventKind) -> Option<ThreadStatus> {
+    let a = ThreadStatus::after(ThreadStatus::Running, kind);
+    let b = ThreadStatus::after(ThreadStatus::AwaitingUser, kind);
+    (a == b).then_some(a)
+}
+
+/// One event ready to be written.
+pub(crate) struct EventRow {
+    pub seq: i64,
+    pub kind: &'static str,
+    pub run_id: String,
+    pub ts: i64,
+    pub body: String,
+}
+
+/// A batch of rows plus what it changes in the thread's summary row.
+pub(crate) struct Batch {
+    pub rows: Vec<EventRow>,
+    /// Status set by the batch (`None`: unchanged).
+    pub status: Option<ThreadStatus>,
+    /// Agent of the batch's last `run_started` (`None`: unchanged).
+    pub agent: Option<String>,
+    /// Time of the first event.
+    pub first_ts: i64,
+    /// Time of the last event.
+    pub last_ts: i64,
+}
+
+impl Batch {
+    /// Serializes a (non-empty, already checked) batch. All the CPU work happens here,
+    /// before any transaction is opened.
+    pub(crate) fn new(events: &[Event]) -> Result<Self, StoreError> {
+        let mut rows = Vec::with_capacity(events.len());
+        let mut status = None;
+        let mut agent = None;
+        for event in events {
+            if let Some(set) = status_set_by(&event.kind) {
+                status = Some(set);
+            }
+            if let EventKind::RunStarted { agent: name, .. } = &event.kind {
+                agent = Some(name.clone());
+            }
+            rows.push(EventRow {
+                seq: to_i64("seq", event.seq)?,
+                kind: event.kind.name(),
+                run_id: event.run_id.clone(),
+                ts: ts_to_ns(event.ts)?,
+                body: serde_json::to_string(event)
+                    .map_err(|e| StoreError::InvalidBatch(format!("event {} does not serialize: {e}", event.seq)))?,
+            });
+        }
+        let first_ts = rows.first().map(|r| r.ts).unwrap_or_default();
+        let last_ts = rows.last().map(|r| r.ts).unwrap_or_default();
+        Ok(Self { rows, status, agent, first_ts, last_ts })
+    }
+
+    /// The status a new thread starts in after this batch.
+    pub(crate) fn initial_status(&self) -> ThreadStatus {
+        self.status.unwrap_or(ThreadStatus::Running)
+    }
+}
+
+/// Parses a stored event body.
+pub(crate) fn parse_event(thread_id: &str, body: &str) -> Result<Event, StoreError> {
+    serde_json::from_str(body)
+        .map_err(|e| StoreError::Backend(format!("stored event of thread {thread_id} does not parse: {e}")))
+}
+
+/// A raw `threads` row.
+pub(crate) struct ThreadRow {
+    pub thread_id: String,
+    pub agent: Option<String>,
+    pub status: String,
+    pub end_state: Option<String>,
+    pub event_count: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl ThreadRow {
+    /// The public summary.
+    pub(crate) fn into_summary(self) -> Result<ThreadSummary, StoreError> {
+        Ok(ThreadSummary {
+            status: status_from_columns(&self.status, self.end_state.as_deref())?,
+            event_count: to_u64("event_count", self.event_count)?,
+            created_at: ns_to_ts(self.created_at),
+            updated_at: ns_to_ts(self.updated_at),
+            agent: self.agent,
+            thread_id: self.thread_id,
+        })
+    }
+}
+
+/// Builds the `conflict` error.
+pub(crate) fn conflict(thread_id: &str, expected: u64, actual: i64) -> StoreError {
+    StoreError::Conflict {
+        thread_id: thread_id.to_string(),
+        expected,
+        actual: u64::try_from(actual).unwrap_or(0),
+    }
+}
+
+/// Parses a prefix of `source`'s log and rewrites it onto `target`.
+pub(crate) fn rebase(source: &str, target: &str, bodies: &[String]) -> Result<Vec<Event>, StoreError> {
+    bodies
+        .iter()
+        .map(|body| {
+            let mut event = parse_event(source, body)?;
+            event.thread_id = target.to_string();
+            Ok(event)
+        })
+        .collect()
+}
