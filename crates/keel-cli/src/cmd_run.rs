@@ -6,9 +6,9 @@ use std::sync::Arc;
 use keel_core::{Budget, CancellationToken, EventStore, MemoryStore, Message, ToolRegistry};
 use keel_runtime::{Agent, RunContext, Thread};
 
+use crate::CliError;
 use crate::models::{self, ModelArgs};
 use crate::output::{self, OutputFormat, TextPrinter};
-use crate::CliError;
 
 /// Flags of `keel run`.
 #[derive(Debug, clap::Args)]
@@ -91,14 +91,16 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
 
 fn select_tools(names: &[String]) -> Result<ToolRegistry, CliError> {
     let catalog = keel_tools::builtin_registry().map_err(|e| CliError::failure(e.to_string()))?;
-    catalog.subset(names.iter().map(String::as_str)).map_err(|unknown| {
-        CliError::usage(format!(
-            "unknown tool{} {}; available: {}",
-            if unknown.len() == 1 { "" } else { "s" },
-            unknown.join(", "),
-            catalog.names().collect::<Vec<_>>().join(", ")
-        ))
-    })
+    catalog
+        .subset(names.iter().map(String::as_str))
+        .map_err(|unknown| {
+            CliError::usage(format!(
+                "unknown tool{} {}; available: {}",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", "),
+                catalog.names().collect::<Vec<_>>().join(", ")
+            ))
+        })
 }
 
 /// First Ctrl-C cancels the run (it ends `cancelled` with a consistent log); a second one

@@ -44,11 +44,17 @@ pub fn run(command: ToolsCommand) -> Result<u8, CliError> {
 fn list(registry: &ToolRegistry, json: bool) {
     if json {
         let specs: Vec<&ToolSpec> = registry.specs().collect();
-        println!("{}", serde_json::to_string_pretty(&specs).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&specs).unwrap_or_default()
+        );
         return;
     }
     for spec in registry.specs() {
-        println!("{:<20} {:?}/{:?}  {}", spec.name, spec.effect, spec.approval, spec.description);
+        println!(
+            "{:<20} {:?}/{:?}  {}",
+            spec.name, spec.effect, spec.approval, spec.description
+        );
     }
 }
 
@@ -70,7 +76,10 @@ fn check(specs: &[ToolSpec]) -> u8 {
     let mut registry = ToolRegistry::new();
     let mut violations = 0usize;
     for spec in specs {
-        println!("{} v{} ({:?}, approval {:?}, timeout {} ms)", spec.name, spec.version, spec.effect, spec.approval, spec.timeout_ms);
+        println!(
+            "{} v{} ({:?}, approval {:?}, timeout {} ms)",
+            spec.name, spec.version, spec.effect, spec.approval, spec.timeout_ms
+        );
         match registry.register(std::sync::Arc::new(DeclaredTool(spec.clone()))) {
             Ok(()) => println!("  ok"),
             Err(error) => {
@@ -82,7 +91,10 @@ fn check(specs: &[ToolSpec]) -> u8 {
         }
     }
     if violations > 0 {
-        eprintln!("keel: {violations} contract violation{} found", if violations == 1 { "" } else { "s" });
+        eprintln!(
+            "keel: {violations} contract violation{} found",
+            if violations == 1 { "" } else { "s" }
+        );
         1
     } else {
         println!("all {} tools comply with the tool contract", specs.len());
@@ -104,7 +116,10 @@ impl keel_core::DynTool for DeclaredTool {
         _ctx: &'a keel_core::ToolContext,
     ) -> futures_util_box::BoxFuture<'a, Result<serde_json::Value, keel_core::ToolError>> {
         Box::pin(async {
-            Err(keel_core::ToolError::new(keel_core::ToolErrorCode::NotFound, "declared only; no implementation"))
+            Err(keel_core::ToolError::new(
+                keel_core::ToolErrorCode::NotFound,
+                "declared only; no implementation",
+            ))
         })
     }
 }

@@ -47,12 +47,18 @@ pub struct CliError {
 impl CliError {
     /// A usage error (exit 2).
     pub fn usage(message: impl Into<String>) -> Self {
-        Self { code: EXIT_USAGE, message: message.into() }
+        Self {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
     }
 
     /// A runtime failure (exit 1).
     pub fn failure(message: impl Into<String>) -> Self {
-        Self { code: 1, message: message.into() }
+        Self {
+            code: 1,
+            message: message.into(),
+        }
     }
 }
 
@@ -65,7 +71,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("keel: cannot start the async runtime: {error}");

@@ -33,13 +33,19 @@ pub struct Selected {
 /// Resolves the flags to a model.
 pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
     if let Some(path) = &args.script {
-        let scripted = Arc::new(ScriptedModel::from_file(path).map_err(|e| CliError::usage(e.to_string()))?);
-        return Ok(Selected { model: scripted.clone(), scripted: Some(scripted) });
+        let scripted =
+            Arc::new(ScriptedModel::from_file(path).map_err(|e| CliError::usage(e.to_string()))?);
+        return Ok(Selected {
+            model: scripted.clone(),
+            scripted: Some(scripted),
+        });
     }
     match &args.model {
         Some(spec) => Err(CliError::usage(format!(
             "--model {spec}: provider models are not available in this build yet; use --script FILE"
         ))),
-        None => Err(CliError::usage("no model: pass --model PROVIDER:MODEL or --script FILE")),
+        None => Err(CliError::usage(
+            "no model: pass --model PROVIDER:MODEL or --script FILE",
+        )),
     }
 }

@@ -33,17 +33,34 @@ impl RunObserver for TextPrinter {
                     result.name,
                     result.outcome.latency_ms,
                     result.outcome.attempts,
-                    if result.outcome.attempts == 1 { "" } else { "s" },
+                    if result.outcome.attempts == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
                     shorten(&result.content, 300)
                 ),
                 ToolResultKind::Error { code, message, .. } => {
-                    eprintln!("← {} error {code} ({} attempts): {message}", result.name, result.outcome.attempts)
+                    eprintln!(
+                        "← {} error {code} ({} attempts): {message}",
+                        result.name, result.outcome.attempts
+                    )
                 }
             },
-            EventKind::Retry { scope, attempt, class, wait_ms, .. } => {
+            EventKind::Retry {
+                scope,
+                attempt,
+                class,
+                wait_ms,
+                ..
+            } => {
                 eprintln!("  retry {scope} attempt {attempt} after {class}, waiting {wait_ms} ms");
             }
-            EventKind::ApprovalRequested { name, arguments, call_id } => {
+            EventKind::ApprovalRequested {
+                name,
+                arguments,
+                call_id,
+            } => {
                 eprintln!("? approval needed for {name} {arguments} (call {call_id})");
             }
             EventKind::ModelFailed { error, .. } => {
@@ -51,12 +68,12 @@ impl RunObserver for TextPrinter {
             }
             EventKind::Notice { message, .. } => eprintln!("note: {message}"),
             EventKind::ModelResponded { message, .. } if !message.text().is_empty() => println!(),
-            EventKind::RunEnded { end_state, reason, .. } => {
-                match reason {
-                    Some(reason) => eprintln!("[{end_state}: {reason}]"),
-                    None => eprintln!("[{end_state}]"),
-                }
-            }
+            EventKind::RunEnded {
+                end_state, reason, ..
+            } => match reason {
+                Some(reason) => eprintln!("[{end_state}: {reason}]"),
+                None => eprintln!("[{end_state}]"),
+            },
             _ => {}
         }
     }
@@ -114,8 +131,14 @@ pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
             RunStatus::AwaitingApproval { call_id, tool } => {
                 map.insert("awaiting".into(), json!({"call_id": call_id, "tool": tool}));
             }
-            RunStatus::AwaitingUser { question, missing_fields } => {
-                map.insert("awaiting".into(), json!({"question": question, "missing_fields": missing_fields}));
+            RunStatus::AwaitingUser {
+                question,
+                missing_fields,
+            } => {
+                map.insert(
+                    "awaiting".into(),
+                    json!({"question": question, "missing_fields": missing_fields}),
+                );
             }
             RunStatus::Ended { .. } => {}
         }

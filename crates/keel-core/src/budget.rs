@@ -31,7 +31,12 @@ impl Default for Budget {
 impl Budget {
     /// No limits at all. Use with care: nothing stops a looping model.
     pub fn unlimited() -> Self {
-        Self { max_turns: None, max_wall_clock_ms: None, max_tokens: None, max_cost_usd: None }
+        Self {
+            max_turns: None,
+            max_wall_clock_ms: None,
+            max_tokens: None,
+            max_cost_usd: None,
+        }
     }
 
     /// Sets the turn limit.
@@ -70,12 +75,18 @@ impl Budget {
         if let Some(max) = self.max_cost_usd
             && spent.cost_usd >= max
         {
-            return Some(format!("max_cost_usd reached ({:.4} of {max:.4})", spent.cost_usd));
+            return Some(format!(
+                "max_cost_usd reached ({:.4} of {max:.4})",
+                spent.cost_usd
+            ));
         }
         if let Some(max) = self.max_wall_clock_ms
             && spent.elapsed_ms >= max
         {
-            return Some(format!("max_wall_clock reached ({} ms of {max} ms)", spent.elapsed_ms));
+            return Some(format!(
+                "max_wall_clock reached ({} ms of {max} ms)",
+                spent.elapsed_ms
+            ));
         }
         None
     }

@@ -97,13 +97,23 @@ pub enum Action<'s> {
 /// Decides the next action from the folded state.
 pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
     let Some(run) = state.run() else {
-        return finish(EndState::Failed, Some("no run has been started on this thread".into()));
+        return finish(
+            EndState::Failed,
+            Some("no run has been started on this thread".into()),
+        );
     };
     if let Some(end_state) = run.ended {
-        return Action::Finish { end_state, reason: None, final_text: run.final_text.clone() };
+        return Action::Finish {
+            end_state,
+            reason: None,
+            final_text: run.final_text.clone(),
+        };
     }
     if let Some(error) = &run.model_failed {
-        return finish(EndState::Failed, Some(format!("model error: {}: {}", error.kind, error.message)));
+        return finish(
+            EndState::Failed,
+            Some(format!("model error: {}: {}", error.kind, error.message)),
+        );
     }
     if !run.pending.is_empty() {
         if let Some(waiting) = run
@@ -119,10 +129,15 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
         }
     }
     if let Some((question, missing_fields)) = &run.awaiting_user {
-        return Action::AwaitUser { question, missing_fields };
+        return Action::AwaitUser {
+            question,
+            missing_fields,
+        };
     }
     if run.model_outstanding {
-        return Action::CallModel { turn: run.turns.max(1) };
+        return Action::CallModel {
+            turn: run.turns.max(1),
+        };
     }
     match state.messages().last() {
         None => finish(EndState::Failed, Some("the conversation is empty".into())),
@@ -139,11 +154,17 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
                 reason: Some(reason),
                 final_text: run.final_text.clone(),
             },
-            None => Action::CallModel { turn: run.turns.saturating_add(1) },
+            None => Action::CallModel {
+                turn: run.turns.saturating_add(1),
+            },
         },
     }
 }
 
 fn finish(end_state: EndState, reason: Option<String>) -> Action<'static> {
-    Action::Finish { end_state, reason, final_text: None }
+    Action::Finish {
+        end_state,
+        reason,
+        final_text: None,
+    }
 }

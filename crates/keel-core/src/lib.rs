@@ -24,11 +24,11 @@ pub mod tool;
 pub use budget::Budget;
 pub use cancel::CancellationToken;
 pub use decide::{Action, EndState, decide};
-pub use event::{Event, EventKind, EVENT_SCHEMA_VERSION};
+pub use event::{EVENT_SCHEMA_VERSION, Event, EventKind};
 pub use message::{Message, Part, Role, ToolCall, ToolResult, Usage};
 pub use model::{
-    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, ModelResponse,
-    StopReason, StreamEvent, ToolChoice,
+    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, ModelResponse, StopReason,
+    StreamEvent, ToolChoice,
 };
 pub use outcome::{ToolError, ToolErrorCode, ToolOutcome, ToolResultKind};
 pub use registry::{RegistryError, ToolRegistry};

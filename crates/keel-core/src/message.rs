@@ -108,17 +108,26 @@ pub struct Message {
 impl Message {
     /// A user message with one text part.
     pub fn user(text: impl Into<String>) -> Self {
-        Self { role: Role::User, parts: vec![Part::Text { text: text.into() }] }
+        Self {
+            role: Role::User,
+            parts: vec![Part::Text { text: text.into() }],
+        }
     }
 
     /// A system message with one text part.
     pub fn system(text: impl Into<String>) -> Self {
-        Self { role: Role::System, parts: vec![Part::Text { text: text.into() }] }
+        Self {
+            role: Role::System,
+            parts: vec![Part::Text { text: text.into() }],
+        }
     }
 
     /// An assistant message with one text part.
     pub fn assistant(text: impl Into<String>) -> Self {
-        Self { role: Role::Assistant, parts: vec![Part::Text { text: text.into() }] }
+        Self {
+            role: Role::Assistant,
+            parts: vec![Part::Text { text: text.into() }],
+        }
     }
 
     /// All text parts joined with newlines.
@@ -177,7 +186,11 @@ impl Usage {
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
-        self.cache_write_tokens = self.cache_write_tokens.saturating_add(other.cache_write_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
     }
 }

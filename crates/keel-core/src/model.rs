@@ -207,17 +207,23 @@ impl ResponseAssembler {
                 if let Some(Part::Text { text }) = self.parts.last_mut() {
                     text.push_str(delta);
                 } else if !delta.is_empty() {
-                    self.parts.push(Part::Text { text: delta.clone() });
+                    self.parts.push(Part::Text {
+                        text: delta.clone(),
+                    });
                 }
             }
             StreamEvent::ToolCallDelta { .. } => {}
             StreamEvent::ToolCall(call) => self.parts.push(Part::ToolCall(call.clone())),
-            StreamEvent::ProviderItem { provider, item } => self
-                .parts
-                .push(Part::ProviderItem { provider: provider.clone(), item: item.clone() }),
+            StreamEvent::ProviderItem { provider, item } => self.parts.push(Part::ProviderItem {
+                provider: provider.clone(),
+                item: item.clone(),
+            }),
             StreamEvent::Usage(usage) => self.usage = *usage,
             StreamEvent::Cost(cost) => self.cost_usd = Some(*cost),
-            StreamEvent::Stop { reason, response_id } => {
+            StreamEvent::Stop {
+                reason,
+                response_id,
+            } => {
                 self.stop_reason = Some(*reason);
                 if response_id.is_some() {
                     self.response_id.clone_from(response_id);
@@ -248,7 +254,10 @@ impl ResponseAssembler {
             None => StopReason::EndTurn,
         };
         ModelResponse {
-            message: Message { role: Role::Assistant, parts: self.parts },
+            message: Message {
+                role: Role::Assistant,
+                parts: self.parts,
+            },
             usage: self.usage,
             stop_reason,
             response_id: self.response_id,
@@ -447,11 +456,9 @@ pub fn estimate_message_tokens(message: &Message) -> u64 {
     for part in &message.parts {
         let tokens = match part {
             Part::Text { text } | Part::Summary { text, .. } => estimate_text_tokens(text),
-            Part::ToolCall(call) => {
-                estimate_text_tokens(&call.name)
-                    .saturating_add(estimate_text_tokens(&call.arguments))
-                    .saturating_add(8)
-            }
+            Part::ToolCall(call) => estimate_text_tokens(&call.name)
+                .saturating_add(estimate_text_tokens(&call.arguments))
+                .saturating_add(8),
             Part::ToolResult(result) => estimate_text_tokens(&result.content).saturating_add(8),
             Part::ProviderItem { item, .. } => estimate_text_tokens(&item.to_string()),
         };

@@ -80,7 +80,10 @@ impl ToolErrorCode {
 
     /// Whether the executor may retry a call that failed with this code.
     pub fn is_retryable(self) -> bool {
-        matches!(self, Self::Timeout | Self::RetryableServer | Self::RateLimited)
+        matches!(
+            self,
+            Self::Timeout | Self::RetryableServer | Self::RateLimited
+        )
     }
 
     /// Maps an HTTP status code to the taxonomy (seed 000 §18).
@@ -123,7 +126,12 @@ pub struct ToolError {
 impl ToolError {
     /// A new error with a code and message.
     pub fn new(code: ToolErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None, retry_after_ms: None }
+        Self {
+            code,
+            message: message.into(),
+            details: None,
+            retry_after_ms: None,
+        }
     }
 
     /// Shorthand for an `invalid_input` error.
@@ -212,7 +220,11 @@ impl ToolOutcome {
                 Value::String(text) => text.clone(),
                 other => other.to_string(),
             },
-            ToolResultKind::Error { code, message, details } => {
+            ToolResultKind::Error {
+                code,
+                message,
+                details,
+            } => {
                 let mut error = serde_json::Map::new();
                 error.insert("code".into(), Value::String(code.as_str().into()));
                 error.insert("message".into(), Value::String(message.clone()));

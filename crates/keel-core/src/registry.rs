@@ -46,7 +46,10 @@ impl ToolRegistry {
             ));
         }
         if !problems.is_empty() {
-            return Err(RegistryError { tool: spec.name.clone(), problems });
+            return Err(RegistryError {
+                tool: spec.name.clone(),
+                problems,
+            });
         }
         self.tools.insert(spec.name.clone(), tool);
         Ok(())
@@ -108,7 +111,11 @@ impl ToolRegistry {
                 None => unknown.push(name.to_string()),
             }
         }
-        if unknown.is_empty() { Ok(out) } else { Err(unknown) }
+        if unknown.is_empty() {
+            Ok(out)
+        } else {
+            Err(unknown)
+        }
     }
 
     /// Renders every tool's usage guidance as the "Tools" section of a system prompt, in
@@ -116,7 +123,10 @@ impl ToolRegistry {
     pub fn render_guidance(&self) -> String {
         let mut out = String::from("# Tools\n");
         for spec in self.specs() {
-            out.push_str(&format!("\n## {} (v{})\n{}\n", spec.name, spec.version, spec.description));
+            out.push_str(&format!(
+                "\n## {} (v{})\n{}\n",
+                spec.name, spec.version, spec.description
+            ));
             out.push('\n');
             out.push_str(spec.usage.trim());
             out.push('\n');

@@ -73,7 +73,9 @@ pub struct RunScope {
 impl RunScope {
     /// What the run has spent by `now`.
     pub fn spent(&self, now: DateTime<Utc>) -> Spent {
-        let elapsed = now.signed_duration_since(self.started_at).num_milliseconds();
+        let elapsed = now
+            .signed_duration_since(self.started_at)
+            .num_milliseconds();
         Spent {
             turns: self.turns,
             tokens: self.usage.total(),
@@ -97,7 +99,10 @@ pub struct RunState {
 impl RunState {
     /// An empty thread.
     pub fn new(thread_id: impl Into<String>) -> Self {
-        Self { thread_id: thread_id.into(), ..Self::default() }
+        Self {
+            thread_id: thread_id.into(),
+            ..Self::default()
+        }
     }
 
     /// Folds a whole log.
@@ -139,12 +144,19 @@ impl RunState {
 
     /// Calls of the latest answer that have no result yet, in call order.
     pub fn unanswered_calls(&self) -> impl Iterator<Item = &PendingCall> {
-        self.run.iter().flat_map(|run| run.pending.iter()).filter(|p| !p.finished)
+        self.run
+            .iter()
+            .flat_map(|run| run.pending.iter())
+            .filter(|p| !p.finished)
     }
 
     /// The pending call with this id.
     pub fn pending_call(&self, call_id: &str) -> Option<&PendingCall> {
-        self.run.as_ref()?.pending.iter().find(|p| p.call.id == call_id)
+        self.run
+            .as_ref()?
+            .pending
+            .iter()
+            .find(|p| p.call.id == call_id)
     }
 
     /// Folds one event. Events must come in sequence order; a result for a call that is not
@@ -182,7 +194,12 @@ impl RunState {
                     run.model_outstanding = true;
                 }
             }
-            EventKind::ModelResponded { message, usage, cost_usd, .. } => {
+            EventKind::ModelResponded {
+                message,
+                usage,
+                cost_usd,
+                ..
+            } => {
                 self.open_results_message = None;
                 self.messages.push(message.clone());
                 if let Some(run) = &mut self.run {
@@ -216,7 +233,11 @@ impl RunState {
                     run.model_failed = Some(error.clone());
                 }
             }
-            EventKind::ToolCallRequested { call, requires_approval, .. } => {
+            EventKind::ToolCallRequested {
+                call,
+                requires_approval,
+                ..
+            } => {
                 if let Some(pending) = self.pending_mut(&call.id) {
                     pending.requires_approval = *requires_approval;
                 }
@@ -238,7 +259,10 @@ impl RunState {
                 }
             }
             EventKind::ToolCallFinished { result } => self.record_result(result),
-            EventKind::UserAsked { question, missing_fields } => {
+            EventKind::UserAsked {
+                question,
+                missing_fields,
+            } => {
                 if let Some(run) = &mut self.run {
                     run.awaiting_user = Some((question.clone(), missing_fields.clone()));
                 }
@@ -262,7 +286,11 @@ impl RunState {
                     _ => None,
                 };
             }
-            EventKind::RunEnded { end_state, final_text, .. } => {
+            EventKind::RunEnded {
+                end_state,
+                final_text,
+                ..
+            } => {
                 if let Some(run) = &mut self.run {
                     run.ended = Some(*end_state);
                     if final_text.is_some() {
@@ -275,27 +303,37 @@ impl RunState {
                     pending.approval_requested = true;
                 }
             }
-            EventKind::Critique { .. }
-            | EventKind::Retry { .. }
-            | EventKind::Notice { .. } => {}
+            EventKind::Critique { .. } | EventKind::Retry { .. } | EventKind::Notice { .. } => {}
         }
     }
 
     fn pending_mut(&mut self, call_id: &str) -> Option<&mut PendingCall> {
-        self.run.as_mut()?.pending.iter_mut().find(|p| p.call.id == call_id)
+        self.run
+            .as_mut()?
+            .pending
+            .iter_mut()
+            .find(|p| p.call.id == call_id)
     }
 
     fn record_result(&mut self, result: &ToolResult) {
-        let Some(pending) = self.pending_mut(&result.call_id) else { return };
+        let Some(pending) = self.pending_mut(&result.call_id) else {
+            return;
+        };
         if pending.finished {
             return;
         }
         pending.finished = true;
         let part = Part::ToolResult(result.clone());
-        match self.open_results_message.and_then(|index| self.messages.get_mut(index)) {
+        match self
+            .open_results_message
+            .and_then(|index| self.messages.get_mut(index))
+        {
             Some(message) => message.parts.push(part),
             None => {
-                self.messages.push(Message { role: Role::Tool, parts: vec![part] });
+                self.messages.push(Message {
+                    role: Role::Tool,
+                    parts: vec![part],
+                });
                 self.open_results_message = self.messages.len().checked_sub(1);
             }
         }

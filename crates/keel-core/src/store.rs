@@ -19,7 +19,9 @@ use crate::event::{Event, EventKind};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
     /// Someone else appended first.
-    #[error("append conflict on thread {thread_id}: expected next seq {expected}, log is at {actual}")]
+    #[error(
+        "append conflict on thread {thread_id}: expected next seq {expected}, log is at {actual}"
+    )]
     Conflict {
         /// Thread.
         thread_id: String,
@@ -128,14 +130,22 @@ pub struct ThreadFilter {
 impl ThreadFilter {
     /// Whether a summary passes the filter.
     pub fn matches(&self, summary: &ThreadSummary) -> bool {
-        self.agent.as_ref().is_none_or(|agent| summary.agent.as_ref() == Some(agent))
-            && self.updated_since.is_none_or(|since| summary.updated_at >= since)
+        self.agent
+            .as_ref()
+            .is_none_or(|agent| summary.agent.as_ref() == Some(agent))
+            && self
+                .updated_since
+                .is_none_or(|since| summary.updated_at >= since)
             && self.status.is_none_or(|status| summary.status == status)
     }
 }
 
 /// Checks that a batch is consecutive from `expected_next_seq` and all on `thread_id`.
-pub fn check_batch(thread_id: &str, expected_next_seq: u64, events: &[Event]) -> Result<(), StoreError> {
+pub fn check_batch(
+    thread_id: &str,
+    expected_next_seq: u64,
+    events: &[Event],
+) -> Result<(), StoreError> {
     for (offset, event) in events.iter().enumerate() {
         let want = expected_next_seq.saturating_add(offset as u64);
         if event.seq != want {
@@ -178,7 +188,12 @@ pub trait EventStore: Send + Sync {
 
     /// Copies events `0..=at_seq` of `source` into a new thread `target`, rewriting their
     /// thread id. Fails with a conflict if `target` already has events.
-    async fn fork_thread(&self, source: &str, at_seq: u64, target: &str) -> Result<u64, StoreError> {
+    async fn fork_thread(
+        &self,
+        source: &str,
+        at_seq: u64,
+        target: &str,
+    ) -> Result<u64, StoreError> {
         let events = self.load(source).await?;
         if events.is_empty() {
             return Err(StoreError::NotFound(source.to_string()));

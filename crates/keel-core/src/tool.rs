@@ -58,14 +58,21 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { max_attempts: 3, base_delay_ms: 200, max_delay_ms: 5_000 }
+        Self {
+            max_attempts: 3,
+            base_delay_ms: 200,
+            max_delay_ms: 5_000,
+        }
     }
 }
 
 impl RetryPolicy {
     /// No retries.
     pub fn none() -> Self {
-        Self { max_attempts: 1, ..Self::default() }
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
     }
 }
 
@@ -231,10 +238,14 @@ impl ToolSpec {
             problems.push(format!("tool `{name}`: timeout_ms must be greater than 0"));
         }
         if self.retry.max_attempts == 0 {
-            problems.push(format!("tool `{name}`: retry.max_attempts must be at least 1"));
+            problems.push(format!(
+                "tool `{name}`: retry.max_attempts must be at least 1"
+            ));
         }
         if self.max_payload_bytes == 0 {
-            problems.push(format!("tool `{name}`: max_payload_bytes must be greater than 0"));
+            problems.push(format!(
+                "tool `{name}`: max_payload_bytes must be greater than 0"
+            ));
         }
         match self.input_schema.get("type").and_then(Value::as_str) {
             Some("object") => {}
@@ -243,12 +254,16 @@ impl ToolSpec {
             )),
         }
         if let Err(error) = jsonschema::meta::validate(&self.input_schema) {
-            problems.push(format!("tool `{name}`: input schema is not a valid JSON Schema: {error}"));
+            problems.push(format!(
+                "tool `{name}`: input schema is not a valid JSON Schema: {error}"
+            ));
         }
         if let Some(output) = &self.output_schema
             && let Err(error) = jsonschema::meta::validate(output)
         {
-            problems.push(format!("tool `{name}`: output schema is not a valid JSON Schema: {error}"));
+            problems.push(format!(
+                "tool `{name}`: output schema is not a valid JSON Schema: {error}"
+            ));
         }
         problems
     }
@@ -258,7 +273,9 @@ impl ToolSpec {
 /// underscores, not ending in an underscore.
 pub fn is_snake_case_name(name: &str) -> bool {
     let mut chars = name.chars();
-    let Some(first) = chars.next() else { return false };
+    let Some(first) = chars.next() else {
+        return false;
+    };
     if !first.is_ascii_lowercase() || name.ends_with('_') || name.contains("__") {
         return false;
     }
@@ -306,7 +323,12 @@ pub fn suggest_snake_case(name: &str) -> String {
     if !result.starts_with(|c: char| c.is_ascii_lowercase()) {
         result.insert_str(0, "tool_");
     }
-    result.chars().take(64).collect::<String>().trim_end_matches('_').to_string()
+    result
+        .chars()
+        .take(64)
+        .collect::<String>()
+        .trim_end_matches('_')
+        .to_string()
 }
 
 /// The part of a tool a provider sends to the model.
@@ -489,7 +511,10 @@ impl<T: Tool> DynTool for TypedTool<T> {
             serde_json::to_value(output).map_err(|error| {
                 ToolError::new(
                     ToolErrorCode::ToolBug,
-                    format!("`{}` produced output that is not JSON: {error}", self.spec.name),
+                    format!(
+                        "`{}` produced output that is not JSON: {error}",
+                        self.spec.name
+                    ),
                 )
             })
         })
@@ -511,10 +536,17 @@ mod tests {
         assert_eq!(suggest_snake_case("BadName"), "bad_name");
         assert_eq!(suggest_snake_case("a-b.c"), "a_b_c");
         assert!(is_snake_case_name(&suggest_snake_case("__9Weird--Name__")));
-        for ok in ["calculator", "everything__echo", "time__get_current_time", "a1__b2"] {
+        for ok in [
+            "calculator",
+            "everything__echo",
+            "time__get_current_time",
+            "a1__b2",
+        ] {
             assert!(is_tool_name(ok), "{ok}");
         }
-        for bad in ["a__b__c", "__b", "a__", "a___b", "A__b", "a__B", "a__1b", ""] {
+        for bad in [
+            "a__b__c", "__b", "a__", "a___b", "A__b", "a__B", "a__1b", "",
+        ] {
             assert!(!is_tool_name(bad), "{bad}");
         }
     }

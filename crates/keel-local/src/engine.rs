@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -63,11 +64,15 @@ pub(crate) struct Engine {
     pub path: PathBuf,
     /// One generation at a time.
     pub busy: Mutex<()>,
+    /// Worker threads alive (running or waiting for `busy`).
+    pub active: AtomicUsize,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,7 +102,9 @@ pub(crate) fn load(path: &Path) -> Result<Arc<Engine>, ModelError> {
         )
     })?;
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut cache = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cache = cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(engine) = cache.get(&canonical).and_then(Weak::upgrade) {
         return Ok(engine);
     }
@@ -109,13 +116,16 @@ pub(crate) fn load(path: &Path) -> Result<Arc<Engine>, ModelError> {
 
 fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
     let mut magic = [0u8; 4];
-    let read_magic = std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    let read_magic =
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
     if let Err(e) = read_magic {
         return Err(load_error(path, format!("cannot read it ({e})")));
     }
     if &magic != b"GGUF" {
-        return Err(load_error(path, "it is not a GGUF file (no GGUF magic bytes)"));
+        return Err(load_error(
+            path,
+            "it is not a GGUF file (no GGUF magic bytes)",
+        ));
     }
     let backend = backend()?;
     let started = Instant::now();
@@ -157,6 +167,7 @@ fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
         digit_start,
         path: path.to_path_buf(),
         busy: Mutex::new(()),
+        active: AtomicUsize::new(0),
     })
 }
 
@@ -165,20 +176,23 @@ impl Engine {
     pub fn apply_template(&self, turns: &[Turn]) -> Result<String, ModelError> {
         let mut chat = Vec::with_capacity(turns.len());
         for turn in turns {
-            let message = LlamaChatMessage::new(turn.role.to_string(), turn.content.replace('\0', ""))
-                .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
+            let message =
+                LlamaChatMessage::new(turn.role.to_string(), turn.content.replace('\0', ""))
+                    .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
             chat.push(message);
         }
-        self.model.apply_chat_template(&self.template, &chat, true).map_err(|e| {
-            ModelError::new(
-                ModelErrorKind::InvalidRequest,
-                format!(
-                    "llama.cpp cannot apply the chat template of {} ({e}); this template is \
+        self.model
+            .apply_chat_template(&self.template, &chat, true)
+            .map_err(|e| {
+                ModelError::new(
+                    ModelErrorKind::InvalidRequest,
+                    format!(
+                        "llama.cpp cannot apply the chat template of {} ({e}); this template is \
                      not supported by llama.cpp's built-in template engine",
-                    self.path.display()
-                ),
-            )
-        })
+                        self.path.display()
+                    ),
+                )
+            })
     }
 
     /// Tokenizes a templated prompt.
@@ -219,14 +233,18 @@ type Sender = mpsc::Sender<Result<StreamEvent, ModelError>>;
 /// caller drops to cancel.
 pub(crate) fn spawn(job: Job) -> mpsc::Receiver<Result<StreamEvent, ModelError>> {
     let (tx, rx) = mpsc::channel(64);
-    let spawned = std::thread::Builder::new().name("keel-local".into()).spawn({
-        let tx = tx.clone();
-        move || {
-            if let Err(error) = run(job, &tx) {
-                let _ = tx.blocking_send(Err(error));
+    let guard = ActiveGuard::new(Arc::clone(&job.engine));
+    let spawned = std::thread::Builder::new()
+        .name("keel-local".into())
+        .spawn({
+            let tx = tx.clone();
+            move || {
+                let _guard = guard;
+                if let Err(error) = run(job, &tx) {
+                    let _ = tx.blocking_send(Err(error));
+                }
             }
-        }
-    });
+        });
     if let Err(e) = spawned {
         let _ = tx.try_send(Err(ModelError::new(
             ModelErrorKind::Other,
@@ -247,9 +265,28 @@ fn send(tx: &Sender, event: StreamEvent) -> Result<(), Cancelled> {
     tx.blocking_send(Ok(event)).map_err(|_| Cancelled)
 }
 
+/// Counts a live worker for [`Engine::active`], from spawn to the end of the thread.
+struct ActiveGuard(Arc<Engine>);
+
+impl ActiveGuard {
+    fn new(engine: Arc<Engine>) -> Self {
+        engine.active.fetch_add(1, Ordering::SeqCst);
+        Self(engine)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn run(job: Job, tx: &Sender) -> Result<(), ModelError> {
     let engine = Arc::clone(&job.engine);
-    let _busy = engine.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _busy = engine
+        .busy
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if tx.is_closed() {
         return Ok(());
     }
@@ -280,12 +317,16 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
     let mut matcher = match &job.constraint {
         Constraint::Free => None,
         Constraint::Lark(lark) => {
-            let parser = engine.factory.create_parser(TopLevelGrammar::from_lark(lark.clone()));
+            let parser = engine
+                .factory
+                .create_parser(TopLevelGrammar::from_lark(lark.clone()));
             let matcher = Matcher::new(parser);
             if let Some(error) = matcher.get_error() {
                 return Err(ModelError::new(
                     ModelErrorKind::InvalidRequest,
-                    format!("the tool or response schemas cannot be turned into a grammar: {error}"),
+                    format!(
+                        "the tool or response schemas cannot be turned into a grammar: {error}"
+                    ),
                 ));
             }
             Some(matcher)
@@ -299,10 +340,12 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         .with_n_ubatch(batch_size)
         .with_n_threads(to_i32(job.threads))
         .with_n_threads_batch(to_i32(job.batch_threads));
-    let mut ctx = engine
-        .model
-        .new_context(backend, params)
-        .map_err(|e| other(format!("cannot create a llama context of {} tokens: {e}", job.n_ctx)))?;
+    let mut ctx = engine.model.new_context(backend, params).map_err(|e| {
+        other(format!(
+            "cannot create a llama context of {} tokens: {e}",
+            job.n_ctx
+        ))
+    })?;
 
     // Prompt evaluation, in batches, checking for cancellation between them.
     let started = Instant::now();
@@ -322,7 +365,8 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
             batch.add(*token, pos, &[0], logits).map_err(other)?;
             pos = pos.saturating_add(1);
         }
-        ctx.decode(&mut batch).map_err(|e| other(format!("prompt evaluation failed: {e}")))?;
+        ctx.decode(&mut batch)
+            .map_err(|e| other(format!("prompt evaluation failed: {e}")))?;
     }
     let prompt_ms = started.elapsed().as_millis();
 
@@ -353,7 +397,9 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
                 break;
             }
             Some(m) => {
-                let mut mask = m.compute_mask().map_err(|e| other(format!("grammar: {e}")))?;
+                let mut mask = m
+                    .compute_mask()
+                    .map_err(|e| other(format!("grammar: {e}")))?;
                 if out.digit_run >= job.max_digits {
                     limit_digits(&mut mask, &engine.digit_start);
                 }
@@ -371,17 +417,23 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
                 candidates.sorted = false;
                 for (i, logit) in logits.iter().enumerate() {
                     let id = i32::try_from(i).unwrap_or(i32::MAX);
-                    let allowed = mask.as_ref().is_none_or(|m| m.is_allowed(id.cast_unsigned()))
+                    let allowed = mask
+                        .as_ref()
+                        .is_none_or(|m| m.is_allowed(id.cast_unsigned()))
                         && (eog_allowed || !vocab.is_eog(LlamaToken(id)));
                     let logit = if allowed { *logit } else { f32::NEG_INFINITY };
-                    candidates.data.push(LlamaTokenData::new(LlamaToken(id), logit, 0.0));
+                    candidates
+                        .data
+                        .push(LlamaTokenData::new(LlamaToken(id), logit, 0.0));
                 }
                 candidates.apply_sampler(sampler);
                 candidates.selected_token()
             }
         };
         let Some(token) = token else {
-            return Err(other("the grammar allows no token here (this is a bug in keel-local)"));
+            return Err(other(
+                "the grammar allows no token here (this is a bug in keel-local)",
+            ));
         };
         if vocab.is_eog(token) {
             stop = StopReason::EndTurn;
@@ -402,7 +454,8 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         batch.clear();
         batch.add(token, pos, &[0], true).map_err(other)?;
         pos = pos.saturating_add(1);
-        ctx.decode(&mut batch).map_err(|e| other(format!("decoding failed: {e}")))?;
+        ctx.decode(&mut batch)
+            .map_err(|e| other(format!("decoding failed: {e}")))?;
     }
     if tx.is_closed() {
         return Ok(Err(Cancelled));
@@ -412,7 +465,11 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         prompt_tokens = n_prompt,
         prompt_ms = prompt_ms as u64,
         output_tokens = n_gen,
-        tokens_per_second = if decode_secs > 0.0 { f64::from(n_gen) / decode_secs } else { 0.0 },
+        tokens_per_second = if decode_secs > 0.0 {
+            f64::from(n_gen) / decode_secs
+        } else {
+            0.0
+        },
         "local generation finished"
     );
     if let Err(Cancelled) = finish(out, stop, tx, n_prompt, n_gen) {
@@ -464,7 +521,13 @@ fn finish(
             ..Usage::default()
         }),
     )?;
-    send(tx, StreamEvent::Stop { reason: stop, response_id: None })
+    send(
+        tx,
+        StreamEvent::Stop {
+            reason: stop,
+            response_id: None,
+        },
+    )
 }
 
 /// Disallows tokens that would extend a run of digits, unless nothing else is allowed.
@@ -518,7 +581,13 @@ struct Output {
 
 impl Output {
     fn new(free: bool) -> Self {
-        Self { text: String::new(), pending: Vec::new(), streaming: free, decided: free, digit_run: 0 }
+        Self {
+            text: String::new(),
+            pending: Vec::new(),
+            streaming: free,
+            decided: free,
+            digit_run: 0,
+        }
     }
 
     /// Adds a token's bytes; returns text to stream now.
@@ -555,7 +624,11 @@ impl Output {
             self.streaming = !call;
             return self.streaming.then(|| self.text.clone());
         }
-        if self.streaming { self.text.get(before..).map(str::to_string) } else { None }
+        if self.streaming {
+            self.text.get(before..).map(str::to_string)
+        } else {
+            None
+        }
     }
 
     /// Whatever is left at the end.

@@ -59,7 +59,10 @@ pub fn build_constraint(
     let answer = match response_schema {
         Some(schema) => {
             let capped = with_json_options(cap_schema(schema, options));
-            Some(format!("answer: %json{}\n", to_json(&capped, "response_schema")?))
+            Some(format!(
+                "answer: %json{}\n",
+                to_json(&capped, "response_schema")?
+            ))
         }
         None => None,
     };
@@ -176,7 +179,10 @@ fn cap_in_place(schema: &mut Value, options: &LocalModelOptions) {
     let constrained_value = map.contains_key("enum") || map.contains_key("const");
     if is("string") && !constrained_value && !map.contains_key("maxLength") {
         let min = map.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-        map.insert("maxLength".into(), json!(options.max_string_length.max(min)));
+        map.insert(
+            "maxLength".into(),
+            json!(options.max_string_length.max(min)),
+        );
     }
     if is("array") && !constrained_value && !map.contains_key("maxItems") {
         let min = map.get("minItems").and_then(Value::as_u64).unwrap_or(0);
@@ -197,7 +203,15 @@ fn cap_in_place(schema: &mut Value, options: &LocalModelOptions) {
             }
         }
     }
-    for key in ["items", "additionalProperties", "not", "if", "then", "else", "contains"] {
+    for key in [
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+    ] {
         if let Some(child) = map.get_mut(key) {
             cap_in_place(child, options);
         }
@@ -214,9 +228,11 @@ fn cap_in_place(schema: &mut Value, options: &LocalModelOptions) {
 fn type_names(value: Option<&Value>) -> Vec<String> {
     match value {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => {
-            items.iter().filter_map(Value::as_str).map(str::to_string).collect()
-        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -260,13 +276,18 @@ pub fn parse_output(output: &str) -> Result<ParsedOutput, String> {
         return Ok(ParsedOutput::Text(output.to_string()));
     };
     let Some(body) = rest.trim_end().strip_suffix(CALL_CLOSE) else {
-        return Err(format!("the tool-call block is not closed with {CALL_CLOSE}"));
+        return Err(format!(
+            "the tool-call block is not closed with {CALL_CLOSE}"
+        ));
     };
     let raw: Vec<RawCall<'_>> = serde_json::from_str(body.trim())
         .map_err(|e| format!("the tool-call block is not a JSON array of calls: {e}"))?;
     Ok(ParsedOutput::Calls(
         raw.into_iter()
-            .map(|c| ParsedCall { name: c.name, arguments: c.arguments.get().to_string() })
+            .map(|c| ParsedCall {
+                name: c.name,
+                arguments: c.arguments.get().to_string(),
+            })
             .collect(),
     ))
 }
@@ -276,7 +297,11 @@ mod tests {
     use super::*;
 
     fn tool(name: &str, schema: Value) -> ToolDefinition {
-        ToolDefinition { name: name.into(), description: "d".into(), input_schema: schema }
+        ToolDefinition {
+            name: name.into(),
+            description: "d".into(),
+            input_schema: schema,
+        }
     }
 
     #[test]
@@ -297,7 +322,10 @@ mod tests {
         assert!(capped["properties"]["e"].get("maxLength").is_none());
         assert_eq!(capped["properties"]["a"]["maxItems"], json!(20));
         assert_eq!(capped["properties"]["a"]["items"]["maxLength"], json!(200));
-        assert_eq!(capped["properties"]["o"]["properties"]["x"]["maxLength"], json!(200));
+        assert_eq!(
+            capped["properties"]["o"]["properties"]["x"]["maxLength"],
+            json!(200)
+        );
     }
 
     #[test]
@@ -305,10 +333,14 @@ mod tests {
         let options = LocalModelOptions::default();
         let tools = vec![tool("calc", json!({"type": "object"}))];
         let auto = build_constraint(&tools, &ToolChoice::Auto, None, &options).unwrap();
-        let Constraint::Lark(auto) = auto else { panic!("expected a grammar") };
+        let Constraint::Lark(auto) = auto else {
+            panic!("expected a grammar")
+        };
         assert!(auto.starts_with("start: answer | calls"));
         let required = build_constraint(&tools, &ToolChoice::Required, None, &options).unwrap();
-        let Constraint::Lark(required) = required else { panic!("expected a grammar") };
+        let Constraint::Lark(required) = required else {
+            panic!("expected a grammar")
+        };
         assert!(required.starts_with("start: calls"));
         assert_eq!(
             build_constraint(&tools, &ToolChoice::None, None, &options).unwrap(),
@@ -330,11 +362,20 @@ mod tests {
         assert_eq!(
             parse_output(out).unwrap(),
             ParsedOutput::Calls(vec![
-                ParsedCall { name: "calc".into(), arguments: r#"{"b": 1, "a": "x"}"#.into() },
-                ParsedCall { name: "p".into(), arguments: "{}".into() },
+                ParsedCall {
+                    name: "calc".into(),
+                    arguments: r#"{"b": 1, "a": "x"}"#.into()
+                },
+                ParsedCall {
+                    name: "p".into(),
+                    arguments: "{}".into()
+                },
             ])
         );
-        assert_eq!(parse_output("hello").unwrap(), ParsedOutput::Text("hello".into()));
+        assert_eq!(
+            parse_output("hello").unwrap(),
+            ParsedOutput::Text("hello".into())
+        );
         assert!(parse_output("<tool_call>[{\"name\"").is_err());
         assert!(starts_call_block("<too"));
         assert!(!starts_call_block("hi"));

@@ -25,9 +25,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use keel_core::{
-    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, StreamEvent,
-};
+use keel_core::{Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, StreamEvent};
 
 pub use models::{
     InstalledModel, KnownModel, ModelsError, default_model_path, list, pull, resolve_model,
@@ -68,16 +66,28 @@ impl LocalModel {
         let path = path.as_ref();
         let engine = engine::load(path)?;
         let name = model_name(path);
-        let cap = options.context_size.unwrap_or(DEFAULT_MAX_CONTEXT.min(engine.n_ctx_train));
+        let cap = options
+            .context_size
+            .unwrap_or(DEFAULT_MAX_CONTEXT.min(engine.n_ctx_train));
         let n_ctx = cap.clamp(256, engine.n_ctx_train.max(256));
-        Ok(Self { engine, options, name, n_ctx })
+        Ok(Self {
+            engine,
+            options,
+            name,
+            n_ctx,
+        })
     }
 
     /// [`LocalModel::load`] on the blocking thread pool.
     pub async fn load_async(path: PathBuf, options: LocalModelOptions) -> Result<Self, ModelError> {
-        tokio::task::spawn_blocking(move || Self::load(path, options)).await.map_err(|e| {
-            ModelError::new(ModelErrorKind::Other, format!("model loading task failed: {e}"))
-        })?
+        tokio::task::spawn_blocking(move || Self::load(path, options))
+            .await
+            .map_err(|e| {
+                ModelError::new(
+                    ModelErrorKind::Other,
+                    format!("model loading task failed: {e}"),
+                )
+            })?
     }
 
     /// Resolves a spec (`smollm2`, `local:smollm2`, or a path) and loads it.
@@ -106,6 +116,12 @@ impl LocalModel {
         self.engine.template_from_file
     }
 
+    /// Generations of this model file currently running or queued (their worker threads
+    /// are alive). Drops to zero shortly after every stream is dropped or finished.
+    pub fn active_generations(&self) -> usize {
+        self.engine.active.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The exact prompt text the model sees for a request (chat template applied).
     pub fn render_prompt(&self, request: &ModelRequest<'_>) -> Result<String, ModelError> {
         self.engine.apply_template(&prompt::render(request))
@@ -120,7 +136,10 @@ impl LocalModel {
             &self.options,
         )
         .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
-        let max_tokens = request.max_output_tokens.unwrap_or(self.options.max_tokens).max(1);
+        let max_tokens = request
+            .max_output_tokens
+            .unwrap_or(self.options.max_tokens)
+            .max(1);
         Ok(Job {
             engine: Arc::clone(&self.engine),
             prompt,
@@ -143,11 +162,16 @@ impl LocalModel {
 }
 
 fn model_name(path: &Path) -> String {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if let Some(known) = models::known_models().iter().find(|m| m.file_name == file) {
         return known.name.to_string();
     }
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
 }
 
 enum StreamState {
@@ -182,14 +206,17 @@ impl Model for LocalModel {
         };
         // The worker starts on the first poll; dropping the stream drops the receiver,
         // which the worker notices before its next token.
-        futures::stream::unfold(Some(StreamState::Pending(Box::new(job))), |state| async move {
-            let mut rx = match state? {
-                StreamState::Pending(job) => engine::spawn(*job),
-                StreamState::Running(rx) => rx,
-            };
-            let item = rx.recv().await?;
-            Some((item, Some(StreamState::Running(rx))))
-        })
+        futures::stream::unfold(
+            Some(StreamState::Pending(Box::new(job))),
+            |state| async move {
+                let mut rx = match state? {
+                    StreamState::Pending(job) => engine::spawn(*job),
+                    StreamState::Running(rx) => rx,
+                };
+                let item = rx.recv().await?;
+                Some((item, Some(StreamState::Running(rx))))
+            },
+        )
         .boxed()
     }
 

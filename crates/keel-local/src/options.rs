@@ -98,13 +98,17 @@ impl LocalModelOptions {
     /// The decode thread count actually used.
     pub fn effective_threads(&self) -> u32 {
         self.threads.filter(|t| *t > 0).unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2);
             u32::try_from(cores.min(8)).unwrap_or(2)
         })
     }
 
     /// The prompt-processing thread count actually used.
     pub fn effective_batch_threads(&self) -> u32 {
-        self.batch_threads.filter(|t| *t > 0).unwrap_or_else(|| self.effective_threads())
+        self.batch_threads
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| self.effective_threads())
     }
 }

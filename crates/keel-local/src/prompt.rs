@@ -30,7 +30,9 @@ pub fn tool_instructions(tools: &[ToolDefinition], choice: &ToolChoice) -> Optio
     }
     let catalogue: Vec<Value> = offered
         .iter()
-        .map(|t| json!({"name": t.name, "description": t.description, "parameters": t.input_schema}))
+        .map(
+            |t| json!({"name": t.name, "description": t.description, "parameters": t.input_schema}),
+        )
         .collect();
     let catalogue = serde_json::to_string(&catalogue).unwrap_or_default();
     let rule = match choice {
@@ -65,7 +67,10 @@ pub fn render(request: &ModelRequest<'_>) -> Vec<Turn> {
         system.push_str(&schema.to_string());
     }
     if !system.is_empty() {
-        turns.push(Turn { role: "system", content: system });
+        turns.push(Turn {
+            role: "system",
+            content: system,
+        });
     }
     for message in request.messages {
         let content = render_message(message);
@@ -102,7 +107,11 @@ fn render_message(message: &Message) -> String {
                 text.push_str(t);
             }
             Part::ToolCall(call) => {
-                let arguments = if call.arguments.trim().is_empty() { "{}" } else { &call.arguments };
+                let arguments = if call.arguments.trim().is_empty() {
+                    "{}"
+                } else {
+                    &call.arguments
+                };
                 calls.push(format!(
                     "{{\"name\": {}, \"arguments\": {arguments}}}",
                     Value::String(call.name.clone())

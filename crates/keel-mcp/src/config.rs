@@ -79,7 +79,10 @@ impl McpServerConfig {
     pub fn http(name: impl Into<String>, url: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            transport: McpTransport::Http { url: url.into(), headers: BTreeMap::new() },
+            transport: McpTransport::Http {
+                url: url.into(),
+                headers: BTreeMap::new(),
+            },
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
         }
@@ -196,20 +199,32 @@ impl TryFrom<RawServerConfig> for McpServerConfig {
                          `{url}`"
                     ));
                 }
-                McpTransport::Http { url, headers: raw.headers.unwrap_or_default() }
+                McpTransport::Http {
+                    url,
+                    headers: raw.headers.unwrap_or_default(),
+                }
             }
         };
-        let startup_timeout =
-            raw.startup_timeout_ms.map(Duration::from_millis).unwrap_or(DEFAULT_STARTUP_TIMEOUT);
-        let call_timeout =
-            raw.call_timeout_ms.map(Duration::from_millis).unwrap_or(DEFAULT_CALL_TIMEOUT);
+        let startup_timeout = raw
+            .startup_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_STARTUP_TIMEOUT);
+        let call_timeout = raw
+            .call_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_CALL_TIMEOUT);
         if startup_timeout.is_zero() || call_timeout.is_zero() {
             return Err(format!(
                 "mcp server `{name}`: `startup_timeout_ms` and `call_timeout_ms` must be \
                  greater than 0"
             ));
         }
-        Ok(Self { name, transport, startup_timeout, call_timeout })
+        Ok(Self {
+            name,
+            transport,
+            startup_timeout,
+            call_timeout,
+        })
     }
 }
 
@@ -222,7 +237,12 @@ impl From<McpServerConfig> for RawServerConfig {
             ..RawServerConfig::default()
         };
         match config.transport {
-            McpTransport::Stdio { command, args, env, cwd } => {
+            McpTransport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
                 raw.command = Some(command);
                 raw.args = Some(args);
                 raw.env = Some(env);
@@ -278,7 +298,9 @@ mod tests {
     }
 
     fn parse(text: &str) -> Result<Vec<McpServerConfig>, String> {
-        serde_json::from_str::<File>(text).map(|f| f.servers).map_err(|e| e.to_string())
+        serde_json::from_str::<File>(text)
+            .map(|f| f.servers)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -300,7 +322,8 @@ mod tests {
     fn rejects_unknown_keys_and_mixed_transports() {
         let error = parse(r#"{"servers":[{"name":"a","command":"x","comand":"y"}]}"#).unwrap_err();
         assert!(error.contains("comand"), "{error}");
-        let error = parse(r#"{"servers":[{"name":"a","command":"x","url":"http://h"}]}"#).unwrap_err();
+        let error =
+            parse(r#"{"servers":[{"name":"a","command":"x","url":"http://h"}]}"#).unwrap_err();
         assert!(error.contains("not both"), "{error}");
         let error = parse(r#"{"servers":[{"name":"a"}]}"#).unwrap_err();
         assert!(error.contains("missing `command`"), "{error}");
@@ -313,7 +336,8 @@ mod tests {
         assert_eq!(expand_env("plain", "f").unwrap(), "plain");
         let path = std::env::var("PATH").unwrap();
         assert_eq!(expand_env("x${PATH}y", "f").unwrap(), format!("x{path}y"));
-        let error = expand_env("${KEEL_MCP_SURELY_UNSET_VAR}", "headers.Authorization").unwrap_err();
+        let error =
+            expand_env("${KEEL_MCP_SURELY_UNSET_VAR}", "headers.Authorization").unwrap_err();
         assert!(error.contains("KEEL_MCP_SURELY_UNSET_VAR"), "{error}");
     }
 }

@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use keel_core::{ToolContext, ToolError, ToolErrorCode, ToolSpec};
+#[allow(deprecated)]
+use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientRequest, Implementation, LoggingMessageNotificationParam,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ServerResult,
+    ClientConfig, ClientRequest, Implementation, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ServerResult,
 };
 use rmcp::service::{
     ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
@@ -82,7 +83,11 @@ impl Shared {
         let before: Vec<&str> = guard.tools.iter().map(|t| t.spec.name.as_str()).collect();
         let after: Vec<&str> = catalog.tools.iter().map(|t| t.spec.name.as_str()).collect();
         let changed = before != after
-            || guard.tools.iter().zip(&catalog.tools).any(|(a, b)| a.spec != b.spec);
+            || guard
+                .tools
+                .iter()
+                .zip(&catalog.tools)
+                .any(|(a, b)| a.spec != b.spec);
         *guard = catalog;
         changed
     }
@@ -92,7 +97,11 @@ impl Shared {
     }
 
     fn tool_names(&self) -> Vec<String> {
-        read(&self.catalog).tools.iter().map(|t| t.spec.name.clone()).collect()
+        read(&self.catalog)
+            .tools
+            .iter()
+            .map(|t| t.spec.name.clone())
+            .collect()
     }
 
     fn stderr_tail(&self) -> String {
@@ -100,19 +109,26 @@ impl Shared {
         if tail.is_empty() {
             String::new()
         } else {
-            format!("; stderr: {}", tail.iter().cloned().collect::<Vec<_>>().join(" | "))
+            format!(
+                "; stderr: {}",
+                tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+            )
         }
     }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn progress_key(token: &ProgressToken) -> String {
@@ -139,7 +155,9 @@ impl ClientHandler for Handler {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let target = lock(&self.shared.progress).get(&progress_key(&params.progress_token)).cloned();
+        let target = lock(&self.shared.progress)
+            .get(&progress_key(&params.progress_token))
+            .cloned();
         if let Some((tool, call_id)) = target {
             self.shared.notify(McpNotice::Progress {
                 server: self.shared.server.clone(),
@@ -175,6 +193,8 @@ impl ClientHandler for Handler {
         });
     }
 
+    // Logging is deprecated by SEP-2577 (2026-07-28) but still sent by 2025-11-25 servers.
+    #[allow(deprecated)]
     async fn on_logging_message(
         &self,
         params: LoggingMessageNotificationParam,
@@ -200,7 +220,10 @@ async fn fetch_catalog(peer: &Peer<RoleClient>, shared: &Shared) -> Result<Catal
     for _ in 0..MAX_LIST_PAGES {
         let mut params = PaginatedRequestParams::default();
         params.cursor = cursor;
-        let page = peer.list_tools(Some(params)).await.map_err(|e| format!("tools/list failed: {e}"))?;
+        let page = peer
+            .list_tools(Some(params))
+            .await
+            .map_err(|e| format!("tools/list failed: {e}"))?;
         raw.extend(page.tools);
         cursor = page.next_cursor;
         if cursor.is_none() {
@@ -223,11 +246,15 @@ async fn fetch_catalog(peer: &Peer<RoleClient>, shared: &Shared) -> Result<Catal
         let spec = spec_from_mcp_tool(&name, &shared.server, &value, shared.call_timeout);
         let problems = spec.contract_violations();
         if !problems.is_empty() {
-            catalog.skipped.push(format!("{remote_name}: {}", problems.join("; ")));
+            catalog
+                .skipped
+                .push(format!("{remote_name}: {}", problems.join("; ")));
             continue;
         }
         used.insert(name);
-        catalog.tools.push(Arc::new(RemoteTool { remote_name, spec }));
+        catalog
+            .tools
+            .push(Arc::new(RemoteTool { remote_name, spec }));
     }
     catalog.tools.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     Ok(catalog)
@@ -264,12 +291,16 @@ impl Backoff {
     /// No wait for the first reconnect; then 250 ms doubling to 30 s while attempts keep
     /// failing or come in quick succession (a crash loop).
     fn delay(&self) -> Duration {
-        let recent = self.last_attempt.is_some_and(|at| at.elapsed() < Duration::from_secs(10));
+        let recent = self
+            .last_attempt
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(10));
         let exponent = self.consecutive_failures + u32::from(recent);
         if exponent == 0 {
             return Duration::ZERO;
         }
-        BASE_BACKOFF.saturating_mul(1u32 << exponent.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+        BASE_BACKOFF
+            .saturating_mul(1u32 << exponent.saturating_sub(1).min(16))
+            .min(MAX_BACKOFF)
     }
 }
 
@@ -344,7 +375,10 @@ impl Connection {
     pub(crate) fn status(&self) -> McpServerStatus {
         let fields = lock(&self.status);
         let catalog = read(&self.shared.catalog);
-        let pid = read(&self.live).as_ref().filter(|l| !l.is_closed()).and_then(|l| l.pid);
+        let pid = read(&self.live)
+            .as_ref()
+            .filter(|l| !l.is_closed())
+            .and_then(|l| l.pid);
         McpServerStatus {
             name: self.config.name.clone(),
             transport: self.config.transport_kind().into(),
@@ -360,7 +394,10 @@ impl Connection {
     }
 
     fn current(&self) -> Option<Arc<Live>> {
-        read(&self.live).as_ref().filter(|live| !live.is_closed()).cloned()
+        read(&self.live)
+            .as_ref()
+            .filter(|live| !live.is_closed())
+            .cloned()
     }
 
     /// Starts the transport and completes the handshake and the first `tools/list`.
@@ -377,7 +414,9 @@ impl Connection {
                 // The discovery probe can break a legacy HTTP server's session handling;
                 // retry once with the plain `initialize` handshake.
                 tracing::debug!(server = %self.config.name, error = %first_error, "auto lifecycle failed; retrying with initialize");
-                match tokio::time::timeout(timeout, self.handshake(ClientLifecycleMode::Initialize)).await {
+                match tokio::time::timeout(timeout, self.handshake(ClientLifecycleMode::Initialize))
+                    .await
+                {
                     Ok(Ok(ok)) => ok,
                     Ok(Err(error)) => return Err(format!("{error}{}", self.shared.stderr_tail())),
                     Err(_) => return Err(self.timeout_error()),
@@ -390,7 +429,11 @@ impl Connection {
             .map_err(|_| self.timeout_error())??;
         let info = service.peer().peer_info();
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let live = Arc::new(Live { service, generation, pid });
+        let live = Arc::new(Live {
+            service,
+            generation,
+            pid,
+        });
         *write(&self.live) = Some(Arc::clone(&live));
         let changed = self.shared.set_catalog(catalog);
         {
@@ -423,9 +466,16 @@ impl Connection {
         &self,
         lifecycle: ClientLifecycleMode,
     ) -> Result<(RunningService<RoleClient, Handler>, Option<u32>), String> {
-        let handler = Handler { shared: Arc::clone(&self.shared) };
+        let handler = Handler {
+            shared: Arc::clone(&self.shared),
+        };
         match &self.config.transport {
-            McpTransport::Stdio { command, args, env, cwd } => {
+            McpTransport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
                 let mut cmd = tokio::process::Command::new(command);
                 cmd.args(args);
                 for (key, value) in env {
@@ -437,7 +487,9 @@ impl Connection {
                 let (transport, stderr) = TokioChildProcess::builder(cmd)
                     .stderr(Stdio::piped())
                     .spawn()
-                    .map_err(|e| format!("cannot start `{command}`: {e} (check `command` and PATH)"))?;
+                    .map_err(|e| {
+                        format!("cannot start `{command}`: {e} (check `command` and PATH)")
+                    })?;
                 let pid = transport.id();
                 lock(&self.shared.stderr_tail).clear();
                 let mut reader = None;
@@ -516,7 +568,10 @@ impl Connection {
                     status.restarts
                 };
                 tracing::info!(server = %self.config.name, restarts, "MCP server reconnected");
-                self.shared.notify(McpNotice::Reconnected { server: self.config.name.clone(), restarts });
+                self.shared.notify(McpNotice::Reconnected {
+                    server: self.config.name.clone(),
+                    restarts,
+                });
                 Ok(live)
             }
             Err(error) => {
@@ -550,7 +605,10 @@ impl Connection {
             status.error = Some(reason.to_string());
         }
         tracing::warn!(server = %self.config.name, %reason, "MCP server connection lost; reconnecting");
-        self.shared.notify(McpNotice::Disconnected { server: self.config.name.clone(), reason: reason.into() });
+        self.shared.notify(McpNotice::Disconnected {
+            server: self.config.name.clone(),
+            reason: reason.into(),
+        });
         let conn = Arc::clone(self);
         tokio::spawn(async move {
             let _ = conn.ensure_live().await;
@@ -586,8 +644,12 @@ impl Connection {
                 ),
             )
         };
-        let cancelled_error =
-            || ToolError::new(ToolErrorCode::Cancelled, format!("call to `{keel_name}` was cancelled"));
+        let cancelled_error = || {
+            ToolError::new(
+                ToolErrorCode::Cancelled,
+                format!("call to `{keel_name}` was cancelled"),
+            )
+        };
 
         let live = tokio::select! {
             biased;
@@ -605,7 +667,10 @@ impl Connection {
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let peer = live.service.peer().clone();
-        let handle = match peer.send_request_with_option(request, PeerRequestOptions::no_options()).await {
+        let handle = match peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await
+        {
             Ok(handle) => handle,
             Err(error) => {
                 self.mark_lost(live.generation, &error.to_string());
@@ -615,7 +680,10 @@ impl Connection {
         let request_id = handle.id.clone();
         let token = progress_key(&handle.progress_token);
         lock(&self.shared.progress).insert(token.clone(), (keel_name.clone(), ctx.call_id.clone()));
-        let _progress = ProgressGuard { shared: &self.shared, token };
+        let _progress = ProgressGuard {
+            shared: &self.shared,
+            token,
+        };
 
         let response = tokio::select! {
             biased;
@@ -625,15 +693,29 @@ impl Connection {
         };
         let Some(response) = response else {
             let cancelled = ctx.cancel.is_cancelled();
-            let reason = if cancelled { "cancelled by the caller" } else { "call timed out" };
+            let reason = if cancelled {
+                "cancelled by the caller"
+            } else {
+                "call timed out"
+            };
             let notice = CancelledNotificationParam::new(Some(request_id), Some(reason.into()));
-            let _ = tokio::time::timeout(Duration::from_secs(2), peer.notify_cancelled(notice)).await;
-            return Err(if cancelled { cancelled_error() } else { timeout_error() });
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), peer.notify_cancelled(notice)).await;
+            return Err(if cancelled {
+                cancelled_error()
+            } else {
+                timeout_error()
+            });
         };
         match response {
             Ok(ServerResult::CallToolResult(result)) => {
                 let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-                map_call_result(&value, tool.spec.output_schema.is_some(), &server, &tool.remote_name)
+                map_call_result(
+                    &value,
+                    tool.spec.output_schema.is_some(),
+                    &server,
+                    &tool.remote_name,
+                )
             }
             Ok(_) => Err(ToolError::new(
                 ToolErrorCode::ToolBug,
@@ -645,20 +727,26 @@ impl Connection {
             )),
             Err(ServiceError::McpError(error)) => {
                 let code = classify_jsonrpc_error(error.code.0, &error.message);
-                Err(ToolError::new(code, format!("MCP error {}: {}", error.code.0, error.message))
-                    .with_details(json!({
-                        "server": server,
-                        "tool": tool.remote_name,
-                        "jsonrpc_code": error.code.0,
-                        "data": error.data,
-                    })))
+                Err(ToolError::new(
+                    code,
+                    format!("MCP error {}: {}", error.code.0, error.message),
+                )
+                .with_details(json!({
+                    "server": server,
+                    "tool": tool.remote_name,
+                    "jsonrpc_code": error.code.0,
+                    "data": error.data,
+                })))
             }
             Err(ServiceError::Timeout { .. }) => Err(timeout_error()),
             Err(ServiceError::Cancelled { .. }) => Err(cancelled_error()),
             Err(error @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
                 if let Some(status) = http_status(&error) {
                     if let Some(code) = ToolErrorCode::from_http_status(status) {
-                        return Err(ToolError::new(code, format!("MCP server `{server}`: HTTP {status}")));
+                        return Err(ToolError::new(
+                            code,
+                            format!("MCP server `{server}`: HTTP {status}"),
+                        ));
                     }
                 }
                 self.mark_lost(live.generation, &error.to_string());
@@ -666,7 +754,10 @@ impl Connection {
             }
             Err(error) => Err(ToolError::new(
                 ToolErrorCode::ToolBug,
-                format!("MCP call to `{}` of server `{server}` failed: {error}", tool.remote_name),
+                format!(
+                    "MCP call to `{}` of server `{server}` failed: {error}",
+                    tool.remote_name
+                ),
             )),
         }
     }
@@ -677,7 +768,10 @@ impl Connection {
         if let Some(live) = live
             && let Ok(mut live) = Arc::try_unwrap(live)
         {
-            let _ = live.service.close_with_timeout(Duration::from_secs(5)).await;
+            let _ = live
+                .service
+                .close_with_timeout(Duration::from_secs(5))
+                .await;
         }
     }
 }

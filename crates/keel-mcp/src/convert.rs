@@ -29,7 +29,11 @@ pub fn proxied_tool_name(server: &str, tool: &str) -> String {
 }
 
 fn truncate_name(name: &str, max: usize) -> String {
-    name.chars().take(max).collect::<String>().trim_end_matches('_').to_string()
+    name.chars()
+        .take(max)
+        .collect::<String>()
+        .trim_end_matches('_')
+        .to_string()
 }
 
 fn fnv1a(text: &str) -> u64 {
@@ -60,7 +64,9 @@ pub fn normalize_input_schema(schema: &Value) -> Value {
         }
     }
     if let Some(required) = map.get("required")
-        && !required.as_array().is_some_and(|items| items.iter().all(Value::is_string))
+        && !required
+            .as_array()
+            .is_some_and(|items| items.iter().all(Value::is_string))
     {
         map.remove("required");
     }
@@ -74,12 +80,16 @@ pub fn normalize_input_schema(schema: &Value) -> Value {
 
 /// Keeps an MCP output schema (without `$schema`) when it is a valid JSON Schema.
 pub fn normalize_output_schema(schema: Option<&Value>) -> Option<Value> {
-    let Value::Object(map) = schema? else { return None };
+    let Value::Object(map) = schema? else {
+        return None;
+    };
     let mut map = map.clone();
     map.remove("$schema");
     map.remove("$id");
     let normalized = Value::Object(map);
-    jsonschema::meta::validate(&normalized).is_ok().then_some(normalized)
+    jsonschema::meta::validate(&normalized)
+        .is_ok()
+        .then_some(normalized)
 }
 
 /// Effect and approval from MCP tool annotations: `readOnlyHint` → read-only;
@@ -87,7 +97,11 @@ pub fn normalize_output_schema(schema: Option<&Value>) -> Option<Value> {
 /// no hints → mutating without approval (MCP's defaults say an unannotated tool may
 /// change the world, so it is never silently repeated).
 pub fn effect_from_annotations(annotations: Option<&Value>) -> (Effect, ApprovalMode) {
-    let hint = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_bool);
+    let hint = |key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_bool)
+    };
     if hint("readOnlyHint") == Some(true) {
         (Effect::ReadOnly, ApprovalMode::Never)
     } else if hint("destructiveHint") == Some(true) {
@@ -106,12 +120,19 @@ pub fn spec_from_mcp_tool(
     tool: &Value,
     call_timeout: Duration,
 ) -> ToolSpec {
-    let remote = tool.get("name").and_then(Value::as_str).unwrap_or(keel_name);
+    let remote = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(keel_name);
     let annotations = tool.get("annotations");
     let title = tool
         .get("title")
         .and_then(Value::as_str)
-        .or_else(|| annotations.and_then(|a| a.get("title")).and_then(Value::as_str))
+        .or_else(|| {
+            annotations
+                .and_then(|a| a.get("title"))
+                .and_then(Value::as_str)
+        })
         .filter(|t| !t.trim().is_empty());
     let description = tool
         .get("description")
@@ -124,10 +145,22 @@ pub fn spec_from_mcp_tool(
     let input_schema = normalize_input_schema(tool.get("inputSchema").unwrap_or(&Value::Null));
     let output_schema = normalize_output_schema(tool.get("outputSchema"));
     let (effect, approval) = effect_from_annotations(annotations);
-    let usage = usage_guidance(keel_name, server, remote, title, &description, annotations, &input_schema);
+    let usage = usage_guidance(
+        keel_name,
+        server,
+        remote,
+        title,
+        &description,
+        annotations,
+        &input_schema,
+    );
     // Only read-only and idempotent tools are retried by the executor anyway; one extra
     // attempt covers a server restart between calls.
-    let retry = RetryPolicy { max_attempts: 2, base_delay_ms: 250, max_delay_ms: 2_000 };
+    let retry = RetryPolicy {
+        max_attempts: 2,
+        base_delay_ms: 250,
+        max_delay_ms: 2_000,
+    };
     ToolSpec::new(keel_name, description, usage)
         .with_input_schema(input_schema)
         .with_output_schema(output_schema)
@@ -146,11 +179,17 @@ fn usage_guidance(
     annotations: Option<&Value>,
     input_schema: &Value,
 ) -> String {
-    let heading = title.map(|t| format!("{keel_name} ({t})")).unwrap_or_else(|| keel_name.to_string());
+    let heading = title
+        .map(|t| format!("{keel_name} ({t})"))
+        .unwrap_or_else(|| keel_name.to_string());
     let mut out = format!(
         "{heading} — Usage Guide\nProvided by the MCP server `{server}` (remote tool `{remote}`).\n{description}\n"
     );
-    let hint = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_bool);
+    let hint = |key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_bool)
+    };
     let mut hints = Vec::new();
     match hint("readOnlyHint") {
         Some(true) => hints.push("read-only: safe to call whenever useful"),
@@ -188,14 +227,22 @@ fn usage_guidance(
 
 /// Maps one MCP content block to Keel's JSON output form.
 fn map_content_block(block: &Value) -> Value {
-    let kind = block.get("type").and_then(Value::as_str).unwrap_or("unknown");
+    let kind = block
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
     let text = |key: &str| block.get(key).and_then(Value::as_str).map(str::to_string);
     match kind {
         "text" => json!({"type": "text", "text": text("text").unwrap_or_default()}),
         "image" | "audio" => binary_item(kind, text("mimeType"), text("data"), None),
         "resource" => {
             let resource = block.get("resource").cloned().unwrap_or(Value::Null);
-            let field = |key: &str| resource.get(key).and_then(Value::as_str).map(str::to_string);
+            let field = |key: &str| {
+                resource
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            };
             match field("text") {
                 Some(body) => json!({
                     "type": "resource",
@@ -217,14 +264,22 @@ fn map_content_block(block: &Value) -> Value {
     }
 }
 
-fn binary_item(kind: &str, mime: Option<String>, data: Option<String>, uri: Option<String>) -> Value {
+fn binary_item(
+    kind: &str,
+    mime: Option<String>,
+    data: Option<String>,
+    uri: Option<String>,
+) -> Value {
     let data = data.unwrap_or_default();
     let mut item = Map::new();
     item.insert("type".into(), Value::String(kind.into()));
     if let Some(uri) = uri {
         item.insert("uri".into(), Value::String(uri));
     }
-    item.insert("mime_type".into(), mime.map(Value::String).unwrap_or(Value::Null));
+    item.insert(
+        "mime_type".into(),
+        mime.map(Value::String).unwrap_or(Value::Null),
+    );
     item.insert("size_bytes".into(), json!(data.len() / 4 * 3));
     if data.len() <= MAX_INLINE_BINARY_CHARS {
         item.insert("data_base64".into(), Value::String(data));
@@ -265,7 +320,9 @@ pub fn map_call_result(
         let text = joined_text(&content);
         let code = classify_error_text(&text);
         let message = if text.trim().is_empty() {
-            format!("MCP tool `{remote_tool}` of server `{server}` reported an error without a message")
+            format!(
+                "MCP tool `{remote_tool}` of server `{server}` reported an error without a message"
+            )
         } else {
             text
         };
@@ -291,7 +348,13 @@ pub fn map_call_result(
 pub fn classify_error_text(text: &str) -> ToolErrorCode {
     let t = text.to_ascii_lowercase();
     let any = |needles: &[&str]| needles.iter().any(|n| t.contains(n));
-    if any(&["-32602", "input validation", "invalid arguments", "invalid params", "validation error"]) {
+    if any(&[
+        "-32602",
+        "input validation",
+        "invalid arguments",
+        "invalid params",
+        "validation error",
+    ]) {
         ToolErrorCode::InvalidInput
     } else if any(&["unauthorized", "unauthenticated", "401"]) {
         ToolErrorCode::Unauthorized
@@ -305,7 +368,13 @@ pub fn classify_error_text(text: &str) -> ToolErrorCode {
         "eperm",
     ]) {
         ToolErrorCode::Forbidden
-    } else if any(&["not found", "no such file", "enoent", "does not exist", "unknown tool"]) {
+    } else if any(&[
+        "not found",
+        "no such file",
+        "enoent",
+        "does not exist",
+        "unknown tool",
+    ]) {
         ToolErrorCode::NotFound
     } else if any(&["rate limit", "too many requests", "429"]) {
         ToolErrorCode::RateLimited
@@ -337,8 +406,14 @@ mod tests {
 
     #[test]
     fn names_are_namespaced_and_valid() {
-        assert_eq!(proxied_tool_name("everything", "get-sum"), "everything__get_sum");
-        assert_eq!(proxied_tool_name("My Server", "readFile"), "my_server__read_file");
+        assert_eq!(
+            proxied_tool_name("everything", "get-sum"),
+            "everything__get_sum"
+        );
+        assert_eq!(
+            proxied_tool_name("My Server", "readFile"),
+            "my_server__read_file"
+        );
         let long = proxied_tool_name("server", &"x".repeat(100));
         assert!(long.len() <= 64, "{long}");
         assert!(keel_core::tool::is_tool_name(&long), "{long}");
@@ -360,30 +435,51 @@ mod tests {
         let normalized = normalize_input_schema(&schema);
         assert!(normalized.get("$schema").is_none());
         assert_eq!(normalized["required"], json!(["a"]));
-        assert_eq!(normalize_input_schema(&Value::Null), json!({"type": "object", "properties": {}}));
-        let broken = normalize_input_schema(&json!({"type": "object", "properties": {"a": {"type": 7}}}));
+        assert_eq!(
+            normalize_input_schema(&Value::Null),
+            json!({"type": "object", "properties": {}})
+        );
+        let broken =
+            normalize_input_schema(&json!({"type": "object", "properties": {"a": {"type": 7}}}));
         assert_eq!(broken["additionalProperties"], json!(true));
     }
 
     #[test]
     fn annotations_map_to_effects() {
-        assert_eq!(effect_from_annotations(Some(&json!({"readOnlyHint": true}))).0, Effect::ReadOnly);
+        assert_eq!(
+            effect_from_annotations(Some(&json!({"readOnlyHint": true}))).0,
+            Effect::ReadOnly
+        );
         assert_eq!(
             effect_from_annotations(Some(&json!({"destructiveHint": true}))),
             (Effect::Mutating, ApprovalMode::Always)
         );
         assert_eq!(
-            effect_from_annotations(Some(&json!({"destructiveHint": false, "idempotentHint": true}))),
+            effect_from_annotations(Some(
+                &json!({"destructiveHint": false, "idempotentHint": true})
+            )),
             (Effect::Idempotent, ApprovalMode::Never)
         );
-        assert_eq!(effect_from_annotations(None), (Effect::Mutating, ApprovalMode::Never));
+        assert_eq!(
+            effect_from_annotations(None),
+            (Effect::Mutating, ApprovalMode::Never)
+        );
     }
 
     #[test]
     fn spec_is_compliant_with_usage() {
         let tool = json!({"name": "get-sum", "inputSchema": {"type": "object", "properties": {}}});
-        let spec = spec_from_mcp_tool("everything__get_sum", "everything", &tool, Duration::from_secs(5));
-        assert!(spec.contract_violations().is_empty(), "{:?}", spec.contract_violations());
+        let spec = spec_from_mcp_tool(
+            "everything__get_sum",
+            "everything",
+            &tool,
+            Duration::from_secs(5),
+        );
+        assert!(
+            spec.contract_violations().is_empty(),
+            "{:?}",
+            spec.contract_violations()
+        );
         assert!(spec.usage.contains("everything"));
         assert_eq!(spec.timeout_ms, 5_000);
     }
@@ -395,15 +491,33 @@ mod tests {
         assert_eq!(out["content"][0]["text"], "hi");
         assert_eq!(out["content"][1]["mime_type"], "image/png");
         let structured = json!({"content": [], "structuredContent": {"x": 1}});
-        assert_eq!(map_call_result(&structured, true, "s", "t").unwrap(), json!({"x": 1}));
-        assert_eq!(map_call_result(&structured, false, "s", "t").unwrap()["structured_content"], json!({"x": 1}));
+        assert_eq!(
+            map_call_result(&structured, true, "s", "t").unwrap(),
+            json!({"x": 1})
+        );
+        assert_eq!(
+            map_call_result(&structured, false, "s", "t").unwrap()["structured_content"],
+            json!({"x": 1})
+        );
         let error = json!({"isError": true, "content": [{"type": "text", "text": "Access denied - path outside allowed directories"}]});
         let error = map_call_result(&error, false, "s", "t").unwrap_err();
         assert_eq!(error.code, ToolErrorCode::Forbidden);
-        assert_eq!(classify_error_text("MCP error -32602: Input validation error"), ToolErrorCode::InvalidInput);
-        assert_eq!(classify_error_text("ENOENT: no such file"), ToolErrorCode::NotFound);
+        assert_eq!(
+            classify_error_text("MCP error -32602: Input validation error"),
+            ToolErrorCode::InvalidInput
+        );
+        assert_eq!(
+            classify_error_text("ENOENT: no such file"),
+            ToolErrorCode::NotFound
+        );
         assert_eq!(classify_error_text("boom"), ToolErrorCode::ToolBug);
-        assert_eq!(classify_jsonrpc_error(-32602, "bad"), ToolErrorCode::InvalidInput);
-        assert_eq!(classify_jsonrpc_error(-32601, "no"), ToolErrorCode::NotFound);
+        assert_eq!(
+            classify_jsonrpc_error(-32602, "bad"),
+            ToolErrorCode::InvalidInput
+        );
+        assert_eq!(
+            classify_jsonrpc_error(-32601, "no"),
+            ToolErrorCode::NotFound
+        );
     }
 }

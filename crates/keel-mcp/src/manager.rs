@@ -26,7 +26,9 @@ pub struct McpManager {
 
 impl std::fmt::Debug for McpManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.servers.iter().map(|s| &s.config.name)).finish()
+        f.debug_list()
+            .entries(self.servers.iter().map(|s| &s.config.name))
+            .finish()
     }
 }
 
@@ -41,7 +43,10 @@ impl McpManager {
         for config in configs {
             let prefix = proxied_tool_name(&config.name, "x");
             if seen.insert(prefix) {
-                pending.push(futures::future::Either::Left(Connection::start(config, notices.clone())));
+                pending.push(futures::future::Either::Left(Connection::start(
+                    config,
+                    notices.clone(),
+                )));
             } else {
                 let error = format!(
                     "another MCP server already uses the name `{}` (names must be unique after \
@@ -78,7 +83,10 @@ impl McpManager {
         let mut out: Vec<Arc<dyn DynTool>> = Vec::new();
         for server in &self.servers {
             for tool in server.shared.tools() {
-                out.push(Arc::new(McpTool { remote: tool, conn: Arc::clone(server) }));
+                out.push(Arc::new(McpTool {
+                    remote: tool,
+                    conn: Arc::clone(server),
+                }));
             }
         }
         out
@@ -87,7 +95,10 @@ impl McpManager {
     /// Registers every tool into `registry`. A tool the registry refuses (e.g. a name clash
     /// with a built-in tool) is skipped and its error returned.
     pub fn register_tools(&self, registry: &mut ToolRegistry) -> Vec<RegistryError> {
-        self.tools().into_iter().filter_map(|tool| registry.register(tool).err()).collect()
+        self.tools()
+            .into_iter()
+            .filter_map(|tool| registry.register(tool).err())
+            .collect()
     }
 
     /// Progress, list-changed, reconnect and log notices from all servers.
@@ -135,7 +146,11 @@ impl DynTool for McpTool {
         &self.remote.spec
     }
 
-    fn call<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<Value, ToolError>> {
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
         Box::pin(async move { self.conn.call(&self.remote, args, ctx).await })
     }
 }

@@ -15,7 +15,8 @@ use keel_core::{
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -23,6 +24,8 @@ use serde_json::{Value, json};
 
 /// Tools per `tools/list` page.
 const PAGE_SIZE: usize = 100;
+/// How long a cancelled or timed-out tool may take to wind down.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why serving over MCP stopped.
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +44,14 @@ pub struct KeelMcpServer {
     registry: ToolRegistry,
     validators: Arc<std::collections::BTreeMap<String, Result<jsonschema::Validator, String>>>,
     session: String,
+    max_protocol_version: Option<ProtocolVersion>,
 }
 
 impl std::fmt::Debug for KeelMcpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeelMcpServer").field("tools", &self.registry).finish()
+        f.debug_struct("KeelMcpServer")
+            .field("tools", &self.registry)
+            .finish()
     }
 }
 
@@ -60,7 +66,21 @@ impl KeelMcpServer {
                 (spec.name.clone(), validator)
             })
             .collect();
-        Self { registry, validators: Arc::new(validators), session: keel_core::new_id("mcp") }
+        Self {
+            registry,
+            validators: Arc::new(validators),
+            session: keel_core::new_id("mcp"),
+            max_protocol_version: None,
+        }
+    }
+
+    /// Speaks no protocol revision newer than `version` (e.g. `"2025-06-18"`), for
+    /// clients that mis-handle newer ones. By default every revision rmcp knows is
+    /// offered: the discovery-based 2026-07-28 and the `initialize` handshake of
+    /// 2025-11-25, 2025-06-18, 2025-03-26 and 2024-11-05.
+    pub fn with_max_protocol_version(mut self, version: &str) -> Self {
+        self.max_protocol_version = serde_json::from_value(Value::String(version.into())).ok();
+        self
     }
 }
 
@@ -88,7 +108,11 @@ pub fn mcp_tool_for_spec(spec: &ToolSpec) -> Tool {
         map.insert("outputSchema".into(), output.clone());
     }
     serde_json::from_value(tool).unwrap_or_else(|_| {
-        Tool::new(spec.name.clone(), spec.description.clone(), Arc::new(serde_json::Map::new()))
+        Tool::new(
+            spec.name.clone(),
+            spec.description.clone(),
+            Arc::new(serde_json::Map::new()),
+        )
     })
 }
 
@@ -101,7 +125,10 @@ fn error_result(error: &ToolError) -> CallToolResult {
     }
     let value = json!({ "error": body });
     let mut result = CallToolResult::structured_error(value);
-    result.content = vec![ContentBlock::text(format!("{}: {}", error.code, error.message))];
+    result.content = vec![ContentBlock::text(format!(
+        "{}: {}",
+        error.code, error.message
+    ))];
     result
 }
 
@@ -110,7 +137,11 @@ fn success_result(spec: &ToolSpec, output: Value) -> CallToolResult {
         Value::String(text) => text.clone(),
         other => other.to_string(),
     };
-    let declared = spec.output_schema.as_ref().and_then(|s| s.get("type")).and_then(Value::as_str)
+    let declared = spec
+        .output_schema
+        .as_ref()
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
         == Some("object");
     if output.is_object() && declared {
         let mut result = CallToolResult::structured(output);
@@ -122,6 +153,13 @@ fn success_result(spec: &ToolSpec, output: Value) -> CallToolResult {
 }
 
 impl ServerHandler for KeelMcpServer {
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        match &self.max_protocol_version {
+            Some(max) => std::borrow::Cow::Owned(ProtocolVersion::known_up_to(max).to_vec()),
+            None => std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
@@ -138,13 +176,17 @@ impl ServerHandler for KeelMcpServer {
     ) -> Result<ListToolsResult, ErrorData> {
         let start = match request.and_then(|r| r.cursor) {
             None => 0,
-            Some(cursor) => cursor
-                .parse::<usize>()
-                .map_err(|_| ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None))?,
+            Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None)
+            })?,
         };
         let specs: Vec<&ToolSpec> = self.registry.specs().collect();
-        let page: Vec<Tool> =
-            specs.iter().skip(start).take(PAGE_SIZE).map(|spec| mcp_tool_for_spec(spec)).collect();
+        let page: Vec<Tool> = specs
+            .iter()
+            .skip(start)
+            .take(PAGE_SIZE)
+            .map(|spec| mcp_tool_for_spec(spec))
+            .collect();
         let end = start + page.len();
         let mut result = ListToolsResult::default();
         result.tools = page;
@@ -172,7 +214,11 @@ impl ServerHandler for KeelMcpServer {
                     .iter_errors(&args)
                     .map(|e| {
                         let path = e.instance_path().to_string();
-                        let at = if path.is_empty() { "arguments".to_string() } else { format!("`{path}`") };
+                        let at = if path.is_empty() {
+                            "arguments".to_string()
+                        } else {
+                            format!("`{path}`")
+                        };
                         format!("{at}: {e}")
                     })
                     .collect();
@@ -192,20 +238,30 @@ impl ServerHandler for KeelMcpServer {
             None => {}
         }
         let cancel = CancellationToken::new();
-        let call_id = format!("{}", serde_json::to_value(&context.id).unwrap_or(Value::Null));
+        let call_id = format!(
+            "{}",
+            serde_json::to_value(&context.id).unwrap_or(Value::Null)
+        );
         let ctx = ToolContext::new("mcp", self.session.clone(), call_id, cancel.clone());
-        let outcome = tokio::select! {
-            result = tool.call(args, &ctx) => result,
+        let call = tool.call(args, &ctx);
+        tokio::pin!(call);
+        let stopped = tokio::select! {
+            result = &mut call => Ok(result),
             _ = context.ct.cancelled() => {
-                cancel.cancel();
                 Err(ToolError::new(ToolErrorCode::Cancelled, "cancelled by the MCP client"))
             }
-            _ = tokio::time::sleep(spec.timeout()) => {
+            _ = tokio::time::sleep(spec.timeout()) => Err(ToolError::new(
+                ToolErrorCode::Timeout,
+                format!("`{name}` did not finish within {} ms", spec.timeout_ms),
+            )),
+        };
+        let outcome = match stopped {
+            Ok(result) => result,
+            Err(error) => {
+                // Tell the tool, and give it a moment to clean up before dropping it.
                 cancel.cancel();
-                Err(ToolError::new(
-                    ToolErrorCode::Timeout,
-                    format!("`{name}` did not finish within {} ms", spec.timeout_ms),
-                ))
+                let _ = tokio::time::timeout(CANCEL_GRACE, &mut call).await;
+                Err(error)
             }
         };
         Ok(match outcome {
@@ -222,8 +278,14 @@ where
     T: rmcp::transport::IntoTransport<RoleServer, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let running = server.serve(transport).await.map_err(|e| ServeError::Handshake(e.to_string()))?;
-    running.waiting().await.map_err(|e| ServeError::Task(e.to_string()))?;
+    let running = server
+        .serve(transport)
+        .await
+        .map_err(|e| ServeError::Handshake(e.to_string()))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| ServeError::Task(e.to_string()))?;
     Ok(())
 }
 

@@ -5,7 +5,13 @@
 //! spawns itself in that mode and drives it with `McpManager` (initialize, tools/list,
 //! tools/call with valid and invalid arguments, cancellation) and a raw rmcp client
 //! (annotations, output schema, unknown tool → -32602).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -39,11 +45,18 @@ impl Tool for AddNumbers {
     type Output = AddOutput;
 
     fn spec(&self) -> ToolSpec {
-        ToolSpec::new("add_numbers", "Adds two integers.", "Call with {a, b}; returns {sum}.")
+        ToolSpec::new(
+            "add_numbers",
+            "Adds two integers.",
+            "Call with {a, b}; returns {sum}.",
+        )
     }
 
     async fn call(&self, args: AddArgs, _ctx: &ToolContext) -> Result<AddOutput, ToolError> {
-        let sum = args.a.checked_add(args.b).ok_or_else(|| ToolError::invalid_input("sum overflows i64"))?;
+        let sum = args
+            .a
+            .checked_add(args.b)
+            .ok_or_else(|| ToolError::invalid_input("sum overflows i64"))?;
         Ok(AddOutput { sum })
     }
 }
@@ -66,8 +79,12 @@ impl Tool for WaitForCancel {
     type Output = WaitOutput;
 
     fn spec(&self) -> ToolSpec {
-        ToolSpec::new("wait_for_cancel", "Waits until cancelled.", "Test tool; never finishes on its own.")
-            .with_effect(Effect::Mutating)
+        ToolSpec::new(
+            "wait_for_cancel",
+            "Waits until cancelled.",
+            "Test tool; never finishes on its own.",
+        )
+        .with_effect(Effect::Mutating)
     }
 
     async fn call(&self, args: WaitArgs, ctx: &ToolContext) -> Result<WaitOutput, ToolError> {
@@ -101,12 +118,30 @@ async fn round_trip_with_keel_client() {
     let manager = McpManager::connect_all([server_config()]).await;
     let status = &manager.statuses()[0];
     assert_eq!(status.state, McpServerState::Connected, "{status:#?}");
-    assert_eq!(status.tools, vec!["keel__add_numbers", "keel__wait_for_cancel"]);
-    assert_eq!(status.server_info.as_deref().map(|s| s.starts_with("keel ")), Some(true), "{status:#?}");
-    println!("serve_stdio negotiated {:?} with Keel's client", status.protocol_version);
+    assert_eq!(
+        status.tools,
+        vec!["keel__add_numbers", "keel__wait_for_cancel"]
+    );
+    assert_eq!(
+        status
+            .server_info
+            .as_deref()
+            .map(|s| s.starts_with("keel ")),
+        Some(true),
+        "{status:#?}"
+    );
+    // Keel's client prefers the discovery-based protocol when the server has it.
+    assert_eq!(
+        status.protocol_version.as_deref(),
+        Some("2026-07-28"),
+        "{status:#?}"
+    );
 
     let tools = manager.tools();
-    let add = tools.iter().find(|t| t.spec().name == "keel__add_numbers").unwrap();
+    let add = tools
+        .iter()
+        .find(|t| t.spec().name == "keel__add_numbers")
+        .unwrap();
     assert_eq!(add.spec().effect, Effect::ReadOnly);
     assert!(add.spec().output_schema.is_some());
     assert_eq!(add.spec().input_schema["required"], json!(["a", "b"]));
@@ -114,14 +149,20 @@ async fn round_trip_with_keel_client() {
     let out = add.call(json!({"a": 2, "b": 3}), &ctx("v1")).await.unwrap();
     assert_eq!(out, json!({"sum": 5}));
 
-    let error = add.call(json!({"a": "two", "b": 3}), &ctx("v2")).await.unwrap_err();
+    let error = add
+        .call(json!({"a": "two", "b": 3}), &ctx("v2"))
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::InvalidInput, "{error:?}");
     assert!(error.message.contains("input schema"), "{error:?}");
     let error = add.call(json!({"a": 1}), &ctx("v3")).await.unwrap_err();
     assert_eq!(error.code, ToolErrorCode::InvalidInput, "{error:?}");
 
     // Cancellation reaches the served tool as notifications/cancelled.
-    let wait = tools.iter().find(|t| t.spec().name == "keel__wait_for_cancel").unwrap();
+    let wait = tools
+        .iter()
+        .find(|t| t.spec().name == "keel__wait_for_cancel")
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let marker: PathBuf = dir.path().join("cancelled");
     let context = ctx("v4");
@@ -130,14 +171,47 @@ async fn round_trip_with_keel_client() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         cancel.cancel();
     });
-    let error = wait.call(json!({"marker": marker.display().to_string()}), &context).await.unwrap_err();
+    let error = wait
+        .call(json!({"marker": marker.display().to_string()}), &context)
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::Cancelled);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !marker.exists() {
-        assert!(Instant::now() < deadline, "the server never saw notifications/cancelled");
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw notifications/cancelled"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     manager.shutdown().await;
+}
+
+/// Servers that only speak older revisions are reached through the `initialize`
+/// handshake at the version they offer.
+async fn older_protocol_versions() {
+    for version in ["2025-11-25", "2025-06-18", "2025-03-26"] {
+        let config = server_config().with_env("KEEL_MCP_TEST_MAX_VERSION", version);
+        let manager = McpManager::connect_all([config]).await;
+        let status = &manager.statuses()[0];
+        assert_eq!(status.state, McpServerState::Connected, "{status:#?}");
+        assert_eq!(
+            status.protocol_version.as_deref(),
+            Some(version),
+            "{status:#?}"
+        );
+        let tools = manager.tools();
+        let add = tools
+            .iter()
+            .find(|t| t.spec().name == "keel__add_numbers")
+            .unwrap();
+        let out = add
+            .call(json!({"a": 1, "b": 2}), &ctx("old"))
+            .await
+            .unwrap();
+        assert_eq!(out, json!({"sum": 3}), "{version}");
+        manager.shutdown().await;
+    }
 }
 
 async fn raw_protocol_checks() {
@@ -150,11 +224,27 @@ async fn raw_protocol_checks() {
     let client = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let tools = client.peer().list_all_tools().await.unwrap();
     let tools = serde_json::to_value(&tools).unwrap();
-    let add = tools.as_array().unwrap().iter().find(|t| t["name"] == "add_numbers").unwrap();
+    let add = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "add_numbers")
+        .unwrap();
     assert_eq!(add["annotations"]["readOnlyHint"], true, "{add}");
     assert_eq!(add["outputSchema"]["type"], "object", "{add}");
-    assert!(add["description"].as_str().unwrap().contains("returns {sum}"), "{add}");
-    let wait = tools.as_array().unwrap().iter().find(|t| t["name"] == "wait_for_cancel").unwrap();
+    assert!(
+        add["description"]
+            .as_str()
+            .unwrap()
+            .contains("returns {sum}"),
+        "{add}"
+    );
+    let wait = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "wait_for_cancel")
+        .unwrap();
     assert_eq!(wait["annotations"]["destructiveHint"], true, "{wait}");
 
     let mut params = CallToolRequestParams::new("add_numbers");
@@ -167,9 +257,15 @@ async fn raw_protocol_checks() {
     params.arguments = Some(json!({"a": "x"}).as_object().unwrap().clone());
     let result = serde_json::to_value(client.call_tool(params).await.unwrap()).unwrap();
     assert_eq!(result["isError"], true, "{result}");
-    assert_eq!(result["structuredContent"]["error"]["code"], "invalid_input", "{result}");
+    assert_eq!(
+        result["structuredContent"]["error"]["code"], "invalid_input",
+        "{result}"
+    );
 
-    let error = client.call_tool(CallToolRequestParams::new("no_such_tool")).await.unwrap_err();
+    let error = client
+        .call_tool(CallToolRequestParams::new("no_such_tool"))
+        .await
+        .unwrap_err();
     match error {
         rmcp::ServiceError::McpError(data) => assert_eq!(data.code.0, -32602, "{data:?}"),
         other => panic!("expected a JSON-RPC error, got {other:?}"),
@@ -178,9 +274,22 @@ async fn raw_protocol_checks() {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     if std::env::var_os("KEEL_MCP_TEST_SERVE").is_some() {
-        runtime.block_on(keel_mcp::serve_stdio(registry())).unwrap();
+        match std::env::var("KEEL_MCP_TEST_MAX_VERSION") {
+            Ok(max) => {
+                let server =
+                    keel_mcp::KeelMcpServer::new(registry()).with_max_protocol_version(&max);
+                runtime
+                    .block_on(keel_mcp::serve(server, rmcp::transport::stdio()))
+                    .unwrap();
+            }
+            Err(_) => runtime.block_on(keel_mcp::serve_stdio(registry())).unwrap(),
+        }
         return;
     }
     // `cargo test -- --list` and filters: behave like a single test named serve_roundtrip.
@@ -197,6 +306,7 @@ fn main() {
     runtime.block_on(async {
         round_trip_with_keel_client().await;
         raw_protocol_checks().await;
+        older_protocol_versions().await;
     });
     println!("test serve_roundtrip ... ok");
 }

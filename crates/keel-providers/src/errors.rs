@@ -14,7 +14,8 @@ const MAX_BODY: usize = 8 * 1024;
 
 /// The server's suggested wait, from `retry-after-ms` or `retry-after`.
 pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
-    if let Some(ms) = header_str(headers, "retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
+    if let Some(ms) =
+        header_str(headers, "retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
         && ms.is_finite()
         && ms >= 0.0
     {
@@ -28,15 +29,22 @@ pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         return None;
     }
     let when = httpdate::parse_http_date(&value).ok()?;
-    let wait = when.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+    let wait = when
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO);
     Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The provider's request id from the usual headers.
 pub fn request_id(headers: &HeaderMap) -> Option<String> {
-    ["request-id", "x-request-id", "anthropic-request-id", "x-generation-id"]
-        .iter()
-        .find_map(|name| header_str(headers, name).map(str::to_owned))
+    [
+        "request-id",
+        "x-request-id",
+        "anthropic-request-id",
+        "x-generation-id",
+    ]
+    .iter()
+    .find_map(|name| header_str(headers, name).map(str::to_owned))
 }
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -61,7 +69,10 @@ pub struct ErrorBody {
 /// Responses `{"type":"error","code","message"}` and Ollama `{"error":"text"}`.
 pub fn parse_error_value(value: &Value) -> ErrorBody {
     let mut out = ErrorBody {
-        request_id: value.get("request_id").and_then(Value::as_str).map(str::to_owned),
+        request_id: value
+            .get("request_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         ..ErrorBody::default()
     };
     let scalar = |v: Option<&Value>| -> Option<String> {
@@ -224,7 +235,10 @@ pub fn classify_http(provider: &str, status: u16, headers: &HeaderMap, body: &st
 /// Classifies an error object that arrived inside a 200 stream.
 pub fn classify_stream_error(provider: &str, value: &Value) -> ModelError {
     let parsed = parse_error_value(value);
-    let message_text = parsed.message.clone().unwrap_or_else(|| "unknown error".to_owned());
+    let message_text = parsed
+        .message
+        .clone()
+        .unwrap_or_else(|| "unknown error".to_owned());
     let kind = match (&parsed.error_type, &parsed.code) {
         (Some(t), _) => kind_from_type(t, &message_text),
         (None, Some(c)) => kind_from_type(c, &message_text),
@@ -285,7 +299,10 @@ mod tests {
         h.insert("retry-after-ms", HeaderValue::from_static("1500.2"));
         assert_eq!(retry_after_ms(&h), Some(1501));
         let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
         assert_eq!(retry_after_ms(&h), Some(0));
     }
 
@@ -299,7 +316,12 @@ mod tests {
 
     #[test]
     fn ollama_string_error() {
-        let e = classify_http("ollama", 404, &HeaderMap::new(), r#"{"error":"model 'x' not found"}"#);
+        let e = classify_http(
+            "ollama",
+            404,
+            &HeaderMap::new(),
+            r#"{"error":"model 'x' not found"}"#,
+        );
         assert_eq!(e.kind, ModelErrorKind::NotFound);
         assert!(e.message.contains("model 'x' not found"));
     }

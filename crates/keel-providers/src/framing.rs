@@ -58,7 +58,11 @@ impl LineBuffer {
     }
 
     fn finish(&mut self) -> Option<String> {
-        if self.pending.is_empty() { None } else { Some(self.take()) }
+        if self.pending.is_empty() {
+            None
+        } else {
+            Some(self.take())
+        }
     }
 }
 
@@ -155,7 +159,11 @@ impl NdjsonParser {
 
     /// Ends the input: a last line without a newline is still returned.
     pub fn finish(&mut self) -> Vec<String> {
-        self.lines.finish().filter(|line| !line.trim().is_empty()).into_iter().collect()
+        self.lines
+            .finish()
+            .filter(|line| !line.trim().is_empty())
+            .into_iter()
+            .collect()
     }
 }
 

@@ -1,1 +1,32 @@
-//! Model adapters.
+//! `keel-providers` connects Keel to real language models over their own wire protocols:
+//! Anthropic Messages, OpenAI Chat Completions, OpenAI Responses, OpenRouter and Ollama.
+//! Each adapter implements [`keel_core::Model`]; they share one HTTP driver with SSE and
+//! NDJSON framing, error classification into [`keel_core::ModelError`], a retry policy
+//! ([`RetryConfig`]) that reports every retry as a stream event, idle and connect
+//! timeouts, token estimates (tiktoken for OpenAI-family models) and a pricing table.
+//!
+//! The entry point is [`model_from_spec`] (`"anthropic:claude-sonnet-4-5"` → a model).
+//!
+//! This crate must not decide anything about the agent loop (that is `keel-core`), must
+//! not log secrets, and must never reach a non-loopback host when `loopback_only` (or
+//! `KEEL_TEST_MODE=1`) is set.
+
+mod anthropic;
+mod config;
+mod driver;
+pub mod errors;
+pub mod framing;
+mod ollama;
+mod openai_chat;
+mod openai_responses;
+pub mod pricing;
+pub mod retry;
+pub mod tokens;
+
+pub use anthropic::ANTHROPIC_VERSION;
+pub use config::{
+    PROVIDERS, ProviderConfigError, ProviderOptions, TEST_MODE_VAR, is_loopback, model_from_spec,
+    model_from_spec_with_env,
+};
+pub use pricing::{ModelPricing, PricingError, PricingTable};
+pub use retry::{Jitter, RecordingSleeper, RetryConfig, Sleeper, TokioSleeper};

@@ -60,7 +60,10 @@ impl Default for RetryConfig {
 impl RetryConfig {
     /// No retries at all.
     pub fn none() -> Self {
-        Self { max_attempts: 1, ..Self::default() }
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
     }
 
     /// The wait before attempt `failed_attempt + 1`, or `None` when the error must not be
@@ -87,7 +90,11 @@ impl RetryConfig {
         let initial = self.initial_delay.as_secs_f64();
         let cap = self.max_delay.as_secs_f64();
         let exponent = i32::try_from(failed_attempt.saturating_sub(1)).unwrap_or(i32::MAX);
-        let factor = if self.factor.is_finite() && self.factor >= 1.0 { self.factor } else { 1.0 };
+        let factor = if self.factor.is_finite() && self.factor >= 1.0 {
+            self.factor
+        } else {
+            1.0
+        };
         let exponential = (initial * factor.powi(exponent)).min(cap);
         let seconds = match self.jitter {
             Jitter::None => exponential,
@@ -171,13 +178,25 @@ mod tests {
 
     #[test]
     fn policy_rules() {
-        let config = RetryConfig { jitter: Jitter::None, ..RetryConfig::default() };
+        let config = RetryConfig {
+            jitter: Jitter::None,
+            ..RetryConfig::default()
+        };
         let rate = ModelError::new(ModelErrorKind::RateLimited, "x");
-        assert_eq!(config.next_wait(1, &rate, None), Some(Duration::from_millis(500)));
-        assert_eq!(config.next_wait(3, &rate, None), Some(Duration::from_millis(2000)));
+        assert_eq!(
+            config.next_wait(1, &rate, None),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            config.next_wait(3, &rate, None),
+            Some(Duration::from_millis(2000))
+        );
         assert_eq!(config.next_wait(4, &rate, None), None);
         let hinted = rate.clone().with_retry_after_ms(Some(1500));
-        assert_eq!(config.next_wait(1, &hinted, None), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            config.next_wait(1, &hinted, None),
+            Some(Duration::from_millis(1500))
+        );
         let too_long = rate.with_retry_after_ms(Some(10_000_000));
         assert_eq!(config.next_wait(1, &too_long, None), None);
         let auth = ModelError::new(ModelErrorKind::Authentication, "x");
@@ -187,7 +206,10 @@ mod tests {
     #[test]
     fn jitter_bounds() {
         for jitter in [Jitter::Full, Jitter::Decorrelated] {
-            let config = RetryConfig { jitter, ..RetryConfig::default() };
+            let config = RetryConfig {
+                jitter,
+                ..RetryConfig::default()
+            };
             let mut prev = None;
             for attempt in 1..20 {
                 let wait = config.backoff(attempt, prev);

@@ -91,7 +91,11 @@ impl Agent {
     }
 
     /// Continues the run in progress on `thread` (after a pause or a crash).
-    pub async fn resume(&self, thread: &mut Thread, context: &RunContext) -> Result<RunOutcome, RunError> {
+    pub async fn resume(
+        &self,
+        thread: &mut Thread,
+        context: &RunContext,
+    ) -> Result<RunOutcome, RunError> {
         runner::resume(self, thread, context).await
     }
 }

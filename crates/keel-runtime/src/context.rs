@@ -112,7 +112,12 @@ impl ApprovalHandler for DeferAll {
 #[async_trait]
 pub trait UserInputSource: Send + Sync {
     /// The answer, or `None` to pause the run until an answer arrives out of band.
-    async fn answer(&self, thread_id: &str, question: &str, missing_fields: &[String]) -> Option<String>;
+    async fn answer(
+        &self,
+        thread_id: &str,
+        question: &str,
+        missing_fields: &[String],
+    ) -> Option<String>;
 }
 
 /// Never answers: runs that ask the user pause.
@@ -121,7 +126,12 @@ pub struct NoUserInput;
 
 #[async_trait]
 impl UserInputSource for NoUserInput {
-    async fn answer(&self, _thread_id: &str, _question: &str, _fields: &[String]) -> Option<String> {
+    async fn answer(
+        &self,
+        _thread_id: &str,
+        _question: &str,
+        _fields: &[String],
+    ) -> Option<String> {
         None
     }
 }

@@ -27,6 +27,9 @@ use tokio::sync::RwLock;
 /// The longest server-suggested wait the executor honours before a retry.
 const MAX_RETRY_AFTER_MS: u64 = 60_000;
 
+/// How long a cancelled tool may take to return its own answer before it is abandoned.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+
 /// Where a call runs.
 #[derive(Debug, Clone, Copy)]
 pub struct CallEnv<'a> {
@@ -74,7 +77,9 @@ pub struct ToolExecutor {
 
 impl std::fmt::Debug for ToolExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ToolExecutor").field("tools", &self.names).finish_non_exhaustive()
+        f.debug_struct("ToolExecutor")
+            .field("tools", &self.names)
+            .finish_non_exhaustive()
     }
 }
 
@@ -84,10 +89,22 @@ impl ToolExecutor {
     pub fn new(registry: &ToolRegistry) -> Self {
         let mut tools = HashMap::new();
         for spec in registry.specs() {
-            let Some(tool) = registry.get(&spec.name) else { continue };
+            let Some(tool) = registry.get(&spec.name) else {
+                continue;
+            };
             let input = jsonschema::validator_for(&spec.input_schema).ok();
-            let output = spec.output_schema.as_ref().and_then(|s| jsonschema::validator_for(s).ok());
-            tools.insert(spec.name.clone(), CompiledTool { tool: Arc::clone(tool), input, output });
+            let output = spec
+                .output_schema
+                .as_ref()
+                .and_then(|s| jsonschema::validator_for(s).ok());
+            tools.insert(
+                spec.name.clone(),
+                CompiledTool {
+                    tool: Arc::clone(tool),
+                    input,
+                    output,
+                },
+            );
         }
         Self {
             names: registry.names().map(str::to_string).collect(),
@@ -137,7 +154,11 @@ impl ToolExecutor {
                 format!(
                     "unknown tool `{}`; available tools: {}",
                     call.name,
-                    if self.names.is_empty() { "none".to_string() } else { self.names.join(", ") }
+                    if self.names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        self.names.join(", ")
+                    }
                 ),
             );
             return (error_kind(error), 0);
@@ -157,12 +178,17 @@ impl ToolExecutor {
         if let Some(validator) = &compiled.input
             && let Some(error) = schema_errors(validator, &args, "input")
         {
-            return (error_kind(error.prefixed(&format!("invalid arguments for `{}`", spec.name))), 0);
+            return (
+                error_kind(error.prefixed(&format!("invalid arguments for `{}`", spec.name))),
+                0,
+            );
         }
 
         let _guard = match spec.effect {
             Effect::Mutating => LockGuard::Write(self.mutation_lock.write().await),
-            Effect::ReadOnly | Effect::Idempotent => LockGuard::Read(self.mutation_lock.read().await),
+            Effect::ReadOnly | Effect::Idempotent => {
+                LockGuard::Read(self.mutation_lock.read().await)
+            }
         };
 
         let max_attempts = spec.retry.max_attempts.max(1);
@@ -181,10 +207,18 @@ impl ToolExecutor {
             let wait_ms = match error.retry_after_ms {
                 // A server-given wait is honoured, up to a minute.
                 Some(ms) => ms.min(MAX_RETRY_AFTER_MS),
-                None => decorrelated_jitter(spec.retry.base_delay_ms, previous_wait, spec.retry.max_delay_ms),
+                None => decorrelated_jitter(
+                    spec.retry.base_delay_ms,
+                    previous_wait,
+                    spec.retry.max_delay_ms,
+                ),
             };
             previous_wait = wait_ms.max(1);
-            retries.push(RetryRecord { attempt, code: error.code, wait_ms });
+            retries.push(RetryRecord {
+                attempt,
+                code: error.code,
+                wait_ms,
+            });
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
                 () = env.cancel.cancelled() => {
@@ -203,14 +237,30 @@ impl ToolExecutor {
     ) -> Result<Value, ToolError> {
         let spec = compiled.tool.spec();
         let call_token = env.cancel.child();
-        let mut ctx = ToolContext::new(env.thread_id, env.run_id, call.id.clone(), call_token.clone());
+        let mut ctx = ToolContext::new(
+            env.thread_id,
+            env.run_id,
+            call.id.clone(),
+            call_token.clone(),
+        );
         ctx.credentials = Arc::clone(&self.credentials);
         let work = AssertUnwindSafe(compiled.tool.call(args, &ctx)).catch_unwind();
+        let mut work = std::pin::pin!(tokio::time::timeout(spec.timeout(), work));
         let result = tokio::select! {
-            result = tokio::time::timeout(spec.timeout(), work) => result,
+            result = &mut work => result,
             () = env.cancel.cancelled() => {
+                // The tool sees its token cancelled; give it a moment to answer for itself
+                // (seed 002 §8: a cancelled tool returns a result describing the cancellation).
                 call_token.cancel();
-                return Err(ToolError::new(ToolErrorCode::Cancelled, format!("`{}` was cancelled", spec.name)));
+                match tokio::time::timeout(CANCEL_GRACE, &mut work).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        return Err(ToolError::new(
+                            ToolErrorCode::Cancelled,
+                            format!("`{}` was cancelled", spec.name),
+                        ));
+                    }
+                }
             }
         };
         match result {
@@ -218,7 +268,10 @@ impl ToolExecutor {
                 call_token.cancel();
                 Err(ToolError::new(
                     ToolErrorCode::Timeout,
-                    format!("`{}` did not answer within {} ms", spec.name, spec.timeout_ms),
+                    format!(
+                        "`{}` did not answer within {} ms",
+                        spec.name, spec.timeout_ms
+                    ),
                 ))
             }
             Ok(Err(panic)) => Err(ToolError::new(
@@ -244,7 +297,11 @@ impl ToolExecutor {
             None => false,
         };
         let (data, truncated) = cap_payload(data, spec.max_payload_bytes, &spec.name);
-        ToolResultKind::Ok { data, schema_validated, truncated }
+        ToolResultKind::Ok {
+            data,
+            schema_validated,
+            truncated,
+        }
     }
 
     /// Executes the calls of one model turn concurrently and yields their executions in
@@ -253,15 +310,18 @@ impl ToolExecutor {
         &'s self,
         calls: Vec<ToolCall>,
         env: CallEnv<'s>,
-    ) -> futures::stream::FuturesOrdered<futures::future::BoxFuture<'s, (ToolCall, Execution)>> {
+    ) -> futures::stream::FuturesOrdered<futures::future::BoxFuture<'s, (ToolCall, Execution)>>
+    {
         calls
             .into_iter()
-            .map(|call| -> futures::future::BoxFuture<'s, (ToolCall, Execution)> {
-                Box::pin(async move {
-                    let execution = self.execute(&call, env).await;
-                    (call, execution)
-                })
-            })
+            .map(
+                |call| -> futures::future::BoxFuture<'s, (ToolCall, Execution)> {
+                    Box::pin(async move {
+                        let execution = self.execute(&call, env).await;
+                        (call, execution)
+                    })
+                },
+            )
             .collect()
     }
 }
@@ -283,17 +343,32 @@ impl Prefixed for ToolError {
 }
 
 fn error_kind(error: ToolError) -> ToolResultKind {
-    ToolResultKind::Error { code: error.code, message: error.message, details: error.details }
+    ToolResultKind::Error {
+        code: error.code,
+        message: error.message,
+        details: error.details,
+    }
 }
 
 /// All schema violations of `value` (at most 5), as one error naming each failing path.
-fn schema_errors(validator: &jsonschema::Validator, value: &Value, which: &str) -> Option<ToolError> {
+fn schema_errors(
+    validator: &jsonschema::Validator,
+    value: &Value,
+    which: &str,
+) -> Option<ToolError> {
     let errors: Vec<(String, String)> = validator
         .iter_errors(value)
         .take(5)
         .map(|e| {
             let path = e.instance_path().to_string();
-            (if path.is_empty() { "/".to_string() } else { path }, e.to_string())
+            (
+                if path.is_empty() {
+                    "/".to_string()
+                } else {
+                    path
+                },
+                e.to_string(),
+            )
         })
         .collect();
     if errors.is_empty() {
@@ -308,7 +383,11 @@ fn schema_errors(validator: &jsonschema::Validator, value: &Value, which: &str) 
         "schema": which,
         "errors": errors.iter().map(|(path, message)| serde_json::json!({"path": path, "message": message})).collect::<Vec<_>>(),
     });
-    let code = if which == "input" { ToolErrorCode::InvalidInput } else { ToolErrorCode::OutputSchemaMismatch };
+    let code = if which == "input" {
+        ToolErrorCode::InvalidInput
+    } else {
+        ToolErrorCode::OutputSchemaMismatch
+    };
     Some(ToolError::new(code, message).with_details(details))
 }
 

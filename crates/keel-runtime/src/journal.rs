@@ -35,12 +35,25 @@ impl<'a> Journal<'a> {
     }
 
     /// A journal continuing a run whose earlier events are `run_events`.
-    pub(crate) fn resume(thread: &'a mut Thread, ctx: &'a RunContext, run_events: Vec<Event>) -> Self {
+    pub(crate) fn resume(
+        thread: &'a mut Thread,
+        ctx: &'a RunContext,
+        run_events: Vec<Event>,
+    ) -> Self {
         let first = run_events.first();
         let run_id = first.map(|e| e.run_id.clone()).unwrap_or_default();
-        let trace_id = first.map(|e| e.trace_id.clone()).unwrap_or_else(new_trace_id);
+        let trace_id = first
+            .map(|e| e.trace_id.clone())
+            .unwrap_or_else(new_trace_id);
         let run_span = first.map(|e| e.span_id.clone()).unwrap_or_else(new_span_id);
-        Self { thread, ctx, run_id, trace_id, run_span, run_events }
+        Self {
+            thread,
+            ctx,
+            run_id,
+            trace_id,
+            run_span,
+            run_events,
+        }
     }
 
     pub(crate) fn state(&self) -> &RunState {
@@ -74,7 +87,10 @@ impl<'a> Journal<'a> {
     }
 
     /// Appends events atomically, each with its span id.
-    pub(crate) async fn append_batch(&mut self, items: Vec<(EventKind, String)>) -> Result<(), RunError> {
+    pub(crate) async fn append_batch(
+        &mut self,
+        items: Vec<(EventKind, String)>,
+    ) -> Result<(), RunError> {
         if items.is_empty() {
             return Ok(());
         }
@@ -94,7 +110,10 @@ impl<'a> Journal<'a> {
                 kind,
             })
             .collect();
-        self.ctx.store.append(self.thread.id(), first_seq, &events).await?;
+        self.ctx
+            .store
+            .append(self.thread.id(), first_seq, &events)
+            .await?;
         for event in &events {
             self.thread.state_mut().apply(event);
             for observer in &self.ctx.observers {

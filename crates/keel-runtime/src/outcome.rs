@@ -12,7 +12,9 @@ pub enum RunError {
     #[error("event store: {0}")]
     Store(#[from] StoreError),
     /// The thread already has a run in progress.
-    #[error("thread {thread_id} already has run {run_id} in progress; resume it instead of starting a new one")]
+    #[error(
+        "thread {thread_id} already has run {run_id} in progress; resume it instead of starting a new one"
+    )]
     RunInProgress {
         /// Thread.
         thread_id: String,
@@ -109,7 +111,12 @@ impl RunOutcome {
     }
 
     /// Folds a run's events into its summary. `status` is where the run stands now.
-    pub fn from_run_events(thread_id: &str, run_id: &str, events: &[Event], status: RunStatus) -> Self {
+    pub fn from_run_events(
+        thread_id: &str,
+        run_id: &str,
+        events: &[Event],
+        status: RunStatus,
+    ) -> Self {
         let mut outcome = RunOutcome {
             thread_id: thread_id.to_string(),
             run_id: run_id.to_string(),
@@ -120,13 +127,21 @@ impl RunOutcome {
             tool_calls: Vec::new(),
             usage: Usage::default(),
             cost_usd: None,
-            trace_id: events.first().map(|e| e.trace_id.clone()).unwrap_or_default(),
+            trace_id: events
+                .first()
+                .map(|e| e.trace_id.clone())
+                .unwrap_or_default(),
         };
         let mut arguments: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for event in events.iter().filter(|e| e.run_id == run_id) {
             match &event.kind {
                 EventKind::ModelRequested { turn, .. } => outcome.turns = outcome.turns.max(*turn),
-                EventKind::ModelResponded { message, usage, cost_usd, .. } => {
+                EventKind::ModelResponded {
+                    message,
+                    usage,
+                    cost_usd,
+                    ..
+                } => {
                     outcome.usage.add(usage);
                     if let Some(cost) = cost_usd {
                         *outcome.cost_usd.get_or_insert(0.0) += cost;
@@ -140,7 +155,10 @@ impl RunOutcome {
                     }
                 }
                 EventKind::ToolCallFinished { result } => {
-                    let raw = arguments.get(result.call_id.as_str()).copied().unwrap_or("");
+                    let raw = arguments
+                        .get(result.call_id.as_str())
+                        .copied()
+                        .unwrap_or("");
                     let parsed = serde_json::from_str(raw)
                         .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
                     let (error_code, error_message) = match &result.outcome.result {
@@ -160,7 +178,9 @@ impl RunOutcome {
                         latency_ms: result.outcome.latency_ms,
                     });
                 }
-                EventKind::RunEnded { reason, final_text, .. } => {
+                EventKind::RunEnded {
+                    reason, final_text, ..
+                } => {
                     outcome.reason.clone_from(reason);
                     if final_text.is_some() {
                         outcome.final_text.clone_from(final_text);

@@ -33,13 +33,21 @@ pub(crate) async fn start(
     if new_messages.is_empty() {
         return Err(RunError::NoInput);
     }
-    if let Some(run) = thread.state().run().filter(|_| thread.state().run_in_progress()) {
+    if let Some(run) = thread
+        .state()
+        .run()
+        .filter(|_| thread.state().run_in_progress())
+    {
         return Err(RunError::RunInProgress {
             thread_id: thread.id().to_string(),
             run_id: run.run_id.clone(),
         });
     }
-    let goal = new_messages.iter().map(Message::text).collect::<Vec<_>>().join("\n");
+    let goal = new_messages
+        .iter()
+        .map(Message::text)
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut journal = Journal::start(thread, ctx, new_id("run"));
     let span = journal.run_span().to_string();
     let mut batch = vec![(
@@ -52,13 +60,21 @@ pub(crate) async fn start(
         },
         span.clone(),
     )];
-    batch.extend(new_messages.into_iter().map(|message| (EventKind::UserMessage { message }, span.clone())));
+    batch.extend(
+        new_messages
+            .into_iter()
+            .map(|message| (EventKind::UserMessage { message }, span.clone())),
+    );
     journal.append_batch(batch).await?;
     drive(agent, &mut journal).await
 }
 
 /// Resumes the run in progress on a thread.
-pub(crate) async fn resume(agent: &Agent, thread: &mut Thread, ctx: &RunContext) -> Result<RunOutcome, RunError> {
+pub(crate) async fn resume(
+    agent: &Agent,
+    thread: &mut Thread,
+    ctx: &RunContext,
+) -> Result<RunOutcome, RunError> {
     let Some(run_id) = thread
         .state()
         .run()
@@ -77,12 +93,22 @@ pub(crate) async fn resume(agent: &Agent, thread: &mut Thread, ctx: &RunContext)
 async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, RunError> {
     loop {
         if journal.ctx().cancel.is_cancelled() && journal.state().run_in_progress() {
-            finish(journal, EndState::Cancelled, Some("cancelled by the user".into()), None).await?;
+            finish(
+                journal,
+                EndState::Cancelled,
+                Some("cancelled by the user".into()),
+                None,
+            )
+            .await?;
             continue;
         }
         let action = decide(journal.state(), Utc::now());
         match action {
-            Action::Finish { end_state, reason, final_text } => {
+            Action::Finish {
+                end_state,
+                reason,
+                final_text,
+            } => {
                 if journal.state().run_in_progress() {
                     finish(journal, end_state, reason, final_text).await?;
                 }
@@ -99,7 +125,10 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                     return Ok(outcome(journal, status));
                 }
             }
-            Action::AwaitUser { question, missing_fields } => {
+            Action::AwaitUser {
+                question,
+                missing_fields,
+            } => {
                 let (question, missing_fields) = (question.to_string(), missing_fields.to_vec());
                 let answer = tokio::select! {
                     answer = journal.ctx().user_input.answer(journal.thread_id(), &question, &missing_fields) => answer,
@@ -108,7 +137,13 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                 match answer {
                     Some(answer) => journal.append(EventKind::UserAnswered { answer }).await?,
                     None => {
-                        return Ok(outcome(journal, RunStatus::AwaitingUser { question, missing_fields }));
+                        return Ok(outcome(
+                            journal,
+                            RunStatus::AwaitingUser {
+                                question,
+                                missing_fields,
+                            },
+                        ));
                     }
                 }
             }
@@ -117,7 +152,12 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
 }
 
 fn outcome(journal: &Journal<'_>, status: RunStatus) -> RunOutcome {
-    RunOutcome::from_run_events(journal.thread_id(), journal.run_id(), journal.run_events(), status)
+    RunOutcome::from_run_events(
+        journal.thread_id(),
+        journal.run_id(),
+        journal.run_events(),
+        status,
+    )
 }
 
 /// Ends the run, first answering any unanswered tool call so the thread never holds an
@@ -128,7 +168,11 @@ async fn finish(
     reason: Option<String>,
     final_text: Option<String>,
 ) -> Result<(), RunError> {
-    let unanswered: Vec<ToolCall> = journal.state().unanswered_calls().map(|p| p.call.clone()).collect();
+    let unanswered: Vec<ToolCall> = journal
+        .state()
+        .unanswered_calls()
+        .map(|p| p.call.clone())
+        .collect();
     let span = journal.run_span().to_string();
     let because = reason.clone().unwrap_or_else(|| end_state.to_string());
     let mut batch: Vec<(EventKind, String)> = unanswered
@@ -143,14 +187,24 @@ async fn finish(
             (tool_finished(call, outcome), span.clone())
         })
         .collect();
-    batch.push((EventKind::RunEnded { end_state, reason, final_text }, span));
+    batch.push((
+        EventKind::RunEnded {
+            end_state,
+            reason,
+            final_text,
+        },
+        span,
+    ));
     journal.append_batch(batch).await
 }
 
 async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Result<(), RunError> {
     let (message_count, estimated) = {
         let request = build_request(agent, journal.state().messages());
-        (request.messages.len(), agent.model.estimate_tokens(&request))
+        (
+            request.messages.len(),
+            agent.model.estimate_tokens(&request),
+        )
     };
     let span = new_span_id();
     journal
@@ -161,7 +215,11 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
                 message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
                 tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
                 estimated_input_tokens: estimated,
-                provider: agent.model.id().split_once(':').map(|(provider, _)| provider.to_string()),
+                provider: agent
+                    .model
+                    .id()
+                    .split_once(':')
+                    .map(|(provider, _)| provider.to_string()),
                 temperature: agent.temperature,
                 max_tokens: agent.max_output_tokens,
                 context_window: Some(u64::from(agent.model.capabilities().context_window)),
@@ -175,7 +233,9 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
     let result = {
         let ctx = journal.ctx();
         let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
-        let mut stream = agent.model.stream(build_request(agent, journal.state().messages()));
+        let mut stream = agent
+            .model
+            .stream(build_request(agent, journal.state().messages()));
         let mut assembler = ResponseAssembler::new();
         loop {
             let next = tokio::select! {
@@ -186,7 +246,10 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
                 Err(_) => {
                     break Err(Some(ModelError::new(
                         ModelErrorKind::Timeout,
-                        format!("the model stream was silent for {} s", agent.stream_idle_timeout.as_secs()),
+                        format!(
+                            "the model stream was silent for {} s",
+                            agent.stream_idle_timeout.as_secs()
+                        ),
                     )));
                 }
                 Ok(None) if assembler.is_complete() => break Ok(assembler.finish()),
@@ -201,7 +264,13 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
                     for observer in &ctx.observers {
                         observer.on_stream(thread_id, run_id, &event);
                     }
-                    if let StreamEvent::Retry { attempt, error, wait_ms, .. } = &event {
+                    if let StreamEvent::Retry {
+                        attempt,
+                        error,
+                        wait_ms,
+                        ..
+                    } = &event
+                    {
                         retries.push((
                             EventKind::Retry {
                                 scope: "model".into(),
@@ -217,7 +286,8 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
                         retries.push((
                             EventKind::Notice {
                                 code: "stream_restarted".into(),
-                                message: "the model stream restarted; partial output was discarded".into(),
+                                message: "the model stream restarted; partial output was discarded"
+                                    .into(),
                                 data: None,
                             },
                             span.clone(),
@@ -273,7 +343,11 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
             batch.push((
                 EventKind::ModelFailed {
                     turn,
-                    error: ModelFailure { kind: error.kind, message: error.message, status: error.status },
+                    error: ModelFailure {
+                        kind: error.kind,
+                        message: error.message,
+                        status: error.status,
+                    },
                 },
                 span,
             ));
@@ -282,13 +356,20 @@ async fn call_model(agent: &Agent, journal: &mut Journal<'_>, turn: u32) -> Resu
     journal.append_batch(batch).await
 }
 
-async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<PendingCall>) -> Result<(), RunError> {
+async fn execute_tools(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    calls: Vec<PendingCall>,
+) -> Result<(), RunError> {
     let mut to_run = Vec::new();
     let mut started = Vec::new();
     for pending in &calls {
         if pending.approval != Some(false) {
             started.push((
-                EventKind::ToolCallStarted { call_id: pending.call.id.clone(), name: pending.call.name.clone() },
+                EventKind::ToolCallStarted {
+                    call_id: pending.call.id.clone(),
+                    name: pending.call.name.clone(),
+                },
                 new_span_id(),
             ));
             to_run.push(pending.call.clone());
@@ -299,15 +380,29 @@ async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<Pend
     let ctx = journal.ctx().clone();
     let thread_id = journal.thread_id().to_string();
     let run_id = journal.run_id().to_string();
-    let env = CallEnv { thread_id: &thread_id, run_id: &run_id, cancel: &ctx.cancel };
+    let env = CallEnv {
+        thread_id: &thread_id,
+        run_id: &run_id,
+        cancel: &ctx.cancel,
+    };
     let mut executions = agent.executor.execute_ordered(to_run, env);
     // Results are committed in call order; denied calls take their place in that order.
     for pending in calls {
         let outcome = if pending.approval == Some(false) {
-            let reason = pending.denial_reason.clone().unwrap_or_else(|| "no reason given".into());
-            error_outcome(journal, &pending.call, ToolErrorCode::Denied, format!("a human denied this call: {reason}"))
+            let reason = pending
+                .denial_reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".into());
+            error_outcome(
+                journal,
+                &pending.call,
+                ToolErrorCode::Denied,
+                format!("a human denied this call: {reason}"),
+            )
         } else {
-            let Some((_, execution)) = executions.next().await else { break };
+            let Some((_, execution)) = executions.next().await else {
+                break;
+            };
             let mut batch: Vec<(EventKind, String)> = execution
                 .retries
                 .iter()
@@ -324,16 +419,24 @@ async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<Pend
                     )
                 })
                 .collect();
-            batch.push((tool_finished(pending.call.clone(), execution.outcome), new_span_id()));
+            batch.push((
+                tool_finished(pending.call.clone(), execution.outcome),
+                new_span_id(),
+            ));
             journal.append_batch(batch).await?;
             continue;
         };
-        journal.append_batch(vec![(tool_finished(pending.call, outcome), new_span_id())]).await?;
+        journal
+            .append_batch(vec![(tool_finished(pending.call, outcome), new_span_id())])
+            .await?;
     }
     Ok(())
 }
 
-async fn await_approval(journal: &mut Journal<'_>, pending: PendingCall) -> Result<Option<RunStatus>, RunError> {
+async fn await_approval(
+    journal: &mut Journal<'_>,
+    pending: PendingCall,
+) -> Result<Option<RunStatus>, RunError> {
     let call = pending.call;
     if !pending.approval_requested {
         journal
@@ -345,7 +448,9 @@ async fn await_approval(journal: &mut Journal<'_>, pending: PendingCall) -> Resu
             .await?;
     }
     let decision = if journal.ctx().approval_mode == ApprovalMode::Deny {
-        ApprovalDecision::Deny { reason: Some("approvals are set to deny".into()) }
+        ApprovalDecision::Deny {
+            reason: Some("approvals are set to deny".into()),
+        }
     } else {
         let ctx = journal.ctx().clone();
         tokio::select! {
@@ -355,14 +460,27 @@ async fn await_approval(journal: &mut Journal<'_>, pending: PendingCall) -> Resu
     };
     match decision {
         ApprovalDecision::Approve => {
-            journal.append(EventKind::ApprovalGranted { call_id: call.id, by: None }).await?;
+            journal
+                .append(EventKind::ApprovalGranted {
+                    call_id: call.id,
+                    by: None,
+                })
+                .await?;
             Ok(None)
         }
         ApprovalDecision::Deny { reason } => {
-            journal.append(EventKind::ApprovalDenied { call_id: call.id, reason }).await?;
+            journal
+                .append(EventKind::ApprovalDenied {
+                    call_id: call.id,
+                    reason,
+                })
+                .await?;
             Ok(None)
         }
-        ApprovalDecision::Defer => Ok(Some(RunStatus::AwaitingApproval { call_id: call.id, tool: call.name })),
+        ApprovalDecision::Defer => Ok(Some(RunStatus::AwaitingApproval {
+            call_id: call.id,
+            tool: call.name,
+        })),
     }
 }
 
@@ -379,7 +497,12 @@ fn build_request<'a>(agent: &'a Agent, messages: &'a [Message]) -> ModelRequest<
     }
 }
 
-fn error_outcome(journal: &Journal<'_>, call: &ToolCall, code: ToolErrorCode, message: String) -> ToolOutcome {
+fn error_outcome(
+    journal: &Journal<'_>,
+    call: &ToolCall,
+    code: ToolErrorCode,
+    message: String,
+) -> ToolOutcome {
     ToolOutcome {
         tool: call.name.clone(),
         call_id: call.id.clone(),
@@ -387,13 +510,22 @@ fn error_outcome(journal: &Journal<'_>, call: &ToolCall, code: ToolErrorCode, me
         run_id: journal.run_id().to_string(),
         attempts: 0,
         latency_ms: 0,
-        result: ToolResultKind::Error { code, message, details: None },
+        result: ToolResultKind::Error {
+            code,
+            message,
+            details: None,
+        },
     }
 }
 
 fn tool_finished(call: ToolCall, outcome: ToolOutcome) -> EventKind {
     let content = outcome.render_for_model();
     EventKind::ToolCallFinished {
-        result: ToolResult { call_id: call.id, name: call.name, outcome, content },
+        result: ToolResult {
+            call_id: call.id,
+            name: call.name,
+            outcome,
+            content,
+        },
     }
 }

@@ -23,13 +23,17 @@ impl Thread {
 
     /// A new, empty thread with this id.
     pub fn with_id(id: impl Into<String>) -> Self {
-        Self { state: RunState::new(id) }
+        Self {
+            state: RunState::new(id),
+        }
     }
 
     /// Loads a thread from its log (empty if it does not exist yet).
     pub async fn load(store: &dyn EventStore, id: &str) -> Result<Self, StoreError> {
         let events = store.load(id).await?;
-        Ok(Self { state: RunState::from_events(id, &events) })
+        Ok(Self {
+            state: RunState::from_events(id, &events),
+        })
     }
 
     /// The id.

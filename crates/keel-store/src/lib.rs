@@ -37,9 +37,11 @@ mod sqlite;
 pub mod conformance;
 pub mod queue;
 
-pub use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary};
 pub use keel_core::MemoryStore;
+pub use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary};
 pub use open::{OpenedStore, open, open_run_queue, open_store};
 pub use postgres::{PostgresOptions, PostgresStore};
-pub use queue::{JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue};
+pub use queue::{
+    JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue,
+};
 pub use sqlite::{DEFAULT_SQLITE_PATH, Durability, SqliteOptions, SqliteStore};

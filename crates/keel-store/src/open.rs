@@ -11,9 +11,9 @@ use std::sync::Arc;
 use keel_core::MemoryStore;
 use keel_core::store::{EventStore, StoreError};
 
+use crate::postgres::PostgresStore;
 use crate::queue::{MemoryRunQueue, RunQueue};
 use crate::sqlite::{Durability, SqliteOptions, SqliteStore};
-use crate::postgres::PostgresStore;
 
 /// A store opened from a URL: its event log and its run queue (sharing one pool).
 #[derive(Clone)]
@@ -28,7 +28,9 @@ pub struct OpenedStore {
 
 impl std::fmt::Debug for OpenedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenedStore").field("backend", &self.backend).finish_non_exhaustive()
+        f.debug_struct("OpenedStore")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
     }
 }
 
@@ -59,11 +61,19 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PostgresStore::connect(url).await?;
-        return Ok(OpenedStore { events: Arc::new(store.clone()), queue: Arc::new(store), backend: "postgres" });
+        return Ok(OpenedStore {
+            events: Arc::new(store.clone()),
+            queue: Arc::new(store),
+            backend: "postgres",
+        });
     }
     let options = sqlite_options(url)?;
     let store = SqliteStore::open_with(options).await?;
-    Ok(OpenedStore { events: Arc::new(store.clone()), queue: Arc::new(store), backend: "sqlite" })
+    Ok(OpenedStore {
+        events: Arc::new(store.clone()),
+        queue: Arc::new(store),
+        backend: "sqlite",
+    })
 }
 
 /// Parses the SQLite forms of a store URL.
@@ -89,7 +99,11 @@ pub(crate) fn sqlite_options(url: &str) -> Result<SqliteOptions, StoreError> {
         )));
     }
     let mut options = SqliteOptions::new(path);
-    for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+    for pair in query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|p| !p.is_empty())
+    {
         match pair.split_once('=') {
             Some(("synchronous", "full")) => options.durability = Durability::Full,
             Some(("synchronous", "normal")) => options.durability = Durability::Normal,
@@ -105,15 +119,32 @@ pub(crate) fn sqlite_options(url: &str) -> Result<SqliteOptions, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )]
     use super::*;
 
     #[test]
     fn parses_sqlite_forms() {
-        assert_eq!(sqlite_options("sqlite://.keel/keel.db").unwrap().path, std::path::Path::new(".keel/keel.db"));
-        assert_eq!(sqlite_options("sqlite:///tmp/x.db").unwrap().path, std::path::Path::new("/tmp/x.db"));
-        assert_eq!(sqlite_options("sqlite:a.db").unwrap().path, std::path::Path::new("a.db"));
-        assert_eq!(sqlite_options("data/k.db").unwrap().path, std::path::Path::new("data/k.db"));
+        assert_eq!(
+            sqlite_options("sqlite://.keel/keel.db").unwrap().path,
+            std::path::Path::new(".keel/keel.db")
+        );
+        assert_eq!(
+            sqlite_options("sqlite:///tmp/x.db").unwrap().path,
+            std::path::Path::new("/tmp/x.db")
+        );
+        assert_eq!(
+            sqlite_options("sqlite:a.db").unwrap().path,
+            std::path::Path::new("a.db")
+        );
+        assert_eq!(
+            sqlite_options("data/k.db").unwrap().path,
+            std::path::Path::new("data/k.db")
+        );
         let full = sqlite_options("sqlite://k.db?synchronous=full").unwrap();
         assert_eq!(full.durability, Durability::Full);
         assert!(sqlite_options("mysql://x").is_err());

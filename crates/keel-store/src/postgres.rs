@@ -17,8 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, Postgres, QueryBuilder, Row, Transaction};
 
 use crate::rows::{
-    Batch, ThreadRow, backend, conflict, is_unique_violation, parse_event, rebase, status_columns, to_i64,
-    ts_to_ns_saturating,
+    Batch, ThreadRow, backend, conflict, is_unique_violation, parse_event, rebase, status_columns,
+    to_i64, ts_to_ns_saturating,
 };
 
 /// Settings for [`PostgresStore::connect_with`].
@@ -66,7 +66,9 @@ pub struct PostgresStore {
 fn valid_schema(schema: &str) -> bool {
     !schema.is_empty()
         && schema.len() <= 63
-        && schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !schema.starts_with(|c: char| c.is_ascii_digit())
 }
 
@@ -79,7 +81,9 @@ impl PostgresStore {
     /// Connects with explicit settings and applies the embedded migrations.
     pub async fn connect_with(options: PostgresOptions) -> Result<Self, StoreError> {
         let mut connect = PgConnectOptions::from_str(&options.url).map_err(|e| {
-            StoreError::Backend(format!("invalid Postgres URL (expected postgres://user@host:port/db): {e}"))
+            StoreError::Backend(format!(
+                "invalid Postgres URL (expected postgres://user@host:port/db): {e}"
+            ))
         })?;
         let timeout_ms = options.statement_timeout.as_millis().to_string();
         let mut settings = vec![("statement_timeout", timeout_ms)];
@@ -91,7 +95,12 @@ impl PostgresStore {
             }
             let mut conn = tokio::time::timeout(options.acquire_timeout, connect.connect())
                 .await
-                .map_err(|_| StoreError::Backend(format!("connecting to Postgres timed out after {:?}", options.acquire_timeout)))?
+                .map_err(|_| {
+                    StoreError::Backend(format!(
+                        "connecting to Postgres timed out after {:?}",
+                        options.acquire_timeout
+                    ))
+                })?
                 .map_err(|e| backend("connecting to Postgres", e))?;
             let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
             match conn.execute(sqlx::AssertSqlSafe(create)).await {
@@ -117,7 +126,10 @@ impl PostgresStore {
             .run(&pool)
             .await
             .map_err(|e| backend("migrating Postgres store", e))?;
-        Ok(Self { pool, schema: options.schema })
+        Ok(Self {
+            pool,
+            schema: options.schema,
+        })
     }
 
     /// The connection pool.
@@ -135,7 +147,10 @@ impl PostgresStore {
     pub async fn drop_schema(&self) -> Result<(), StoreError> {
         if let Some(schema) = &self.schema {
             let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-            self.pool.execute(sqlx::AssertSqlSafe(drop)).await.map_err(|e| backend("dropping schema", e))?;
+            self.pool
+                .execute(sqlx::AssertSqlSafe(drop))
+                .await
+                .map_err(|e| backend("dropping schema", e))?;
         }
         self.pool.close().await;
         Ok(())
@@ -147,20 +162,31 @@ impl PostgresStore {
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        self.pool.begin().await.map_err(|e| backend("postgres begin", e))
+        self.pool
+            .begin()
+            .await
+            .map_err(|e| backend("postgres begin", e))
     }
 }
 
-async fn event_count(tx: &mut Transaction<'static, Postgres>, thread_id: &str) -> Result<i64, StoreError> {
-    let count: Option<i64> = sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = $1")
-        .bind(thread_id)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(|e| backend("postgres read event_count", e))?;
+async fn event_count(
+    tx: &mut Transaction<'static, Postgres>,
+    thread_id: &str,
+) -> Result<i64, StoreError> {
+    let count: Option<i64> =
+        sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = $1")
+            .bind(thread_id)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(|e| backend("postgres read event_count", e))?;
     Ok(count.unwrap_or(0))
 }
 
-async fn insert_events(tx: &mut Transaction<'static, Postgres>, thread_id: &str, batch: &Batch) -> Result<(), sqlx::Error> {
+async fn insert_events(
+    tx: &mut Transaction<'static, Postgres>,
+    thread_id: &str,
+    batch: &Batch,
+) -> Result<(), sqlx::Error> {
     let seqs: Vec<i64> = batch.rows.iter().map(|r| r.seq).collect();
     let kinds: Vec<&str> = batch.rows.iter().map(|r| r.kind).collect();
     let runs: Vec<&str> = batch.rows.iter().map(|r| r.run_id.as_str()).collect();
@@ -212,7 +238,11 @@ async fn write_batch(
     .rows_affected();
     if updated == 0 {
         if expected != 0 {
-            return Err(conflict(thread_id, expected, event_count(tx, thread_id).await?));
+            return Err(conflict(
+                thread_id,
+                expected,
+                event_count(tx, thread_id).await?,
+            ));
         }
         let (status, end_state) = status_columns(batch.initial_status());
         let inserted = sqlx::query(
@@ -231,12 +261,18 @@ async fn write_batch(
         .map_err(|e| backend("postgres insert thread", e))?
         .rows_affected();
         if inserted == 0 {
-            return Err(conflict(thread_id, expected, event_count(tx, thread_id).await?));
+            return Err(conflict(
+                thread_id,
+                expected,
+                event_count(tx, thread_id).await?,
+            ));
         }
     }
     match insert_events(tx, thread_id, batch).await {
         Ok(()) => Ok(()),
-        Err(e) if is_unique_violation(&e) => Err(conflict(thread_id, expected, expected_i.saturating_add(1))),
+        Err(e) if is_unique_violation(&e) => {
+            Err(conflict(thread_id, expected, expected_i.saturating_add(1)))
+        }
         Err(e) => Err(backend("postgres insert events", e)),
     }
 }
@@ -257,14 +293,20 @@ fn summary_from_row(row: &sqlx::postgres::PgRow) -> Result<ThreadSummary, StoreE
 
 #[async_trait]
 impl EventStore for PostgresStore {
-    async fn append(&self, thread_id: &str, expected_next_seq: u64, events: &[Event]) -> Result<(), StoreError> {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
         check_batch(thread_id, expected_next_seq, events)?;
         if events.is_empty() {
-            let actual: Option<i64> = sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = $1")
-                .bind(thread_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| backend("postgres read event_count", e))?;
+            let actual: Option<i64> =
+                sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = $1")
+                    .bind(thread_id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| backend("postgres read event_count", e))?;
             let actual = actual.unwrap_or(0);
             return if to_i64("expected_next_seq", expected_next_seq)? == actual {
                 Ok(())
@@ -285,7 +327,10 @@ impl EventStore for PostgresStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| backend("postgres load", e))?;
-        bodies.iter().map(|body| parse_event(thread_id, body)).collect()
+        bodies
+            .iter()
+            .map(|body| parse_event(thread_id, body))
+            .collect()
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
@@ -296,7 +341,8 @@ impl EventStore for PostgresStore {
             q.push(" AND agent = ").push_bind(agent.clone());
         }
         if let Some(since) = filter.updated_since {
-            q.push(" AND updated_at >= ").push_bind(ts_to_ns_saturating(since));
+            q.push(" AND updated_at >= ")
+                .push_bind(ts_to_ns_saturating(since));
         }
         if let Some(status) = filter.status {
             let (s, e) = status_columns(status);
@@ -307,9 +353,14 @@ impl EventStore for PostgresStore {
         }
         q.push(" ORDER BY updated_at DESC, thread_id ASC");
         if let Some(limit) = filter.limit {
-            q.push(" LIMIT ").push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            q.push(" LIMIT ")
+                .push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
         }
-        let rows = q.build().fetch_all(&self.pool).await.map_err(|e| backend("postgres list threads", e))?;
+        let rows = q
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| backend("postgres list threads", e))?;
         rows.iter().map(summary_from_row).collect()
     }
 
@@ -326,30 +377,40 @@ impl EventStore for PostgresStore {
             .await
             .map_err(|e| backend("postgres delete thread", e))?
             .rows_affected();
-        tx.commit().await.map_err(|e| backend("postgres commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| backend("postgres commit", e))?;
         Ok(gone > 0)
     }
 
-    async fn fork_thread(&self, source: &str, at_seq: u64, target: &str) -> Result<u64, StoreError> {
+    async fn fork_thread(
+        &self,
+        source: &str,
+        at_seq: u64,
+        target: &str,
+    ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let existing = event_count(&mut tx, target).await?;
         if existing != 0 {
             return Err(conflict(target, 0, existing));
         }
-        let bodies: Vec<String> =
-            sqlx::query_scalar("SELECT body::text FROM events WHERE thread_id = $1 AND seq <= $2 ORDER BY seq")
-                .bind(source)
-                .bind(i64::try_from(at_seq).unwrap_or(i64::MAX))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| backend("postgres fork read", e))?;
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body::text FROM events WHERE thread_id = $1 AND seq <= $2 ORDER BY seq",
+        )
+        .bind(source)
+        .bind(i64::try_from(at_seq).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| backend("postgres fork read", e))?;
         if bodies.is_empty() {
             return Err(StoreError::NotFound(source.to_string()));
         }
         let events = rebase(source, target, &bodies)?;
         let batch = Batch::new(&events)?;
         write_batch(&mut tx, target, 0, &batch).await?;
-        tx.commit().await.map_err(|e| backend("postgres commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| backend("postgres commit", e))?;
         Ok(events.len() as u64)
     }
 
@@ -368,7 +429,9 @@ impl EventStore for PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| backend("postgres purge events", e))?;
-        tx.commit().await.map_err(|e| backend("postgres commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| backend("postgres commit", e))?;
         Ok(ids.len() as u64)
     }
 }

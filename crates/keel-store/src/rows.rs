@@ -18,19 +18,25 @@ pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
 
 /// A `u64` as a database integer.
 pub(crate) fn to_i64(field: &str, value: u64) -> Result<i64, StoreError> {
-    i64::try_from(value)
-        .map_err(|_| StoreError::InvalidBatch(format!("{field} {value} does not fit in a signed 64-bit integer")))
+    i64::try_from(value).map_err(|_| {
+        StoreError::InvalidBatch(format!(
+            "{field} {value} does not fit in a signed 64-bit integer"
+        ))
+    })
 }
 
 /// A database integer as a `u64` (negative values are corrupt data).
 pub(crate) fn to_u64(field: &str, value: i64) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::Backend(format!("stored {field} is negative: {value}")))
+    u64::try_from(value)
+        .map_err(|_| StoreError::Backend(format!("stored {field} is negative: {value}")))
 }
 
 /// A timestamp as nanoseconds since the epoch.
 pub(crate) fn ts_to_ns(ts: DateTime<Utc>) -> Result<i64, StoreError> {
     ts.timestamp_nanos_opt().ok_or_else(|| {
-        StoreError::InvalidBatch(format!("timestamp {ts} is outside the storable range (years 1677..2262)"))
+        StoreError::InvalidBatch(format!(
+            "timestamp {ts} is outside the storable range (years 1677..2262)"
+        ))
     })
 }
 
@@ -41,8 +47,11 @@ pub(crate) fn ns_to_ts(ns: i64) -> DateTime<Utc> {
 
 /// A cutoff/filter time as nanoseconds, saturating at the representable range.
 pub(crate) fn ts_to_ns_saturating(ts: DateTime<Utc>) -> i64 {
-    ts.timestamp_nanos_opt()
-        .unwrap_or(if ts.timestamp() < 0 { i64::MIN } else { i64::MAX })
+    ts.timestamp_nanos_opt().unwrap_or(if ts.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
 }
 
 /// The `(status, end_state)` columns of a status.
@@ -56,14 +65,21 @@ pub(crate) fn status_columns(status: ThreadStatus) -> (&'static str, Option<&'st
 }
 
 /// A status read back from its columns.
-pub(crate) fn status_from_columns(status: &str, end_state: Option<&str>) -> Result<ThreadStatus, StoreError> {
+pub(crate) fn status_from_columns(
+    status: &str,
+    end_state: Option<&str>,
+) -> Result<ThreadStatus, StoreError> {
     match (status, end_state) {
         ("running", _) => Ok(ThreadStatus::Running),
         ("awaiting_approval", _) => Ok(ThreadStatus::AwaitingApproval),
         ("awaiting_user", _) => Ok(ThreadStatus::AwaitingUser),
-        ("ended", Some(end)) => serde_json::from_value::<EndState>(serde_json::Value::String(end.to_string()))
-            .map(ThreadStatus::Ended)
-            .map_err(|e| StoreError::Backend(format!("stored end_state {end:?} is unknown: {e}"))),
+        ("ended", Some(end)) => {
+            serde_json::from_value::<EndState>(serde_json::Value::String(end.to_string()))
+                .map(ThreadStatus::Ended)
+                .map_err(|e| {
+                    StoreError::Backend(format!("stored end_state {end:?} is unknown: {e}"))
+                })
+        }
         (other, end) => Err(StoreError::Backend(format!(
             "stored thread status {other:?} (end_state {end:?}) is unknown"
         ))),
@@ -119,13 +135,20 @@ impl Batch {
                 kind: event.kind.name(),
                 run_id: event.run_id.clone(),
                 ts: ts_to_ns(event.ts)?,
-                body: serde_json::to_string(event)
-                    .map_err(|e| StoreError::InvalidBatch(format!("event {} does not serialize: {e}", event.seq)))?,
+                body: serde_json::to_string(event).map_err(|e| {
+                    StoreError::InvalidBatch(format!("event {} does not serialize: {e}", event.seq))
+                })?,
             });
         }
         let first_ts = rows.first().map(|r| r.ts).unwrap_or_default();
         let last_ts = rows.last().map(|r| r.ts).unwrap_or_default();
-        Ok(Self { rows, status, agent, first_ts, last_ts })
+        Ok(Self {
+            rows,
+            status,
+            agent,
+            first_ts,
+            last_ts,
+        })
     }
 
     /// The status a new thread starts in after this batch.
@@ -136,8 +159,11 @@ impl Batch {
 
 /// Parses a stored event body.
 pub(crate) fn parse_event(thread_id: &str, body: &str) -> Result<Event, StoreError> {
-    serde_json::from_str(body)
-        .map_err(|e| StoreError::Backend(format!("stored event of thread {thread_id} does not parse: {e}")))
+    serde_json::from_str(body).map_err(|e| {
+        StoreError::Backend(format!(
+            "stored event of thread {thread_id} does not parse: {e}"
+        ))
+    })
 }
 
 /// A raw `threads` row.
@@ -175,7 +201,11 @@ pub(crate) fn conflict(thread_id: &str, expected: u64, actual: i64) -> StoreErro
 }
 
 /// Parses a prefix of `source`'s log and rewrites it onto `target`.
-pub(crate) fn rebase(source: &str, target: &str, bodies: &[String]) -> Result<Vec<Event>, StoreError> {
+pub(crate) fn rebase(
+    source: &str,
+    target: &str,
+    bodies: &[String],
+) -> Result<Vec<Event>, StoreError> {
     bodies
         .iter()
         .map(|body| {

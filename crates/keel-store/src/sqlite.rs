@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::event::Event;
 use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
 use crate::rows::{
@@ -55,7 +57,12 @@ pub struct SqliteOptions {
 impl SqliteOptions {
     /// Defaults for a file: `Durability::Normal`, 5 s busy timeout, 4 connections.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), durability: Durability::Normal, busy_timeout: Duration::from_secs(5), max_connections: 4 }
+        Self {
+            path: path.into(),
+            durability: Durability::Normal,
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 4,
+        }
     }
 }
 
@@ -100,11 +107,15 @@ impl SqliteStore {
             .acquire_timeout(options.busy_timeout.saturating_add(Duration::from_secs(5)))
             .connect_with(connect)
             .await
-            .map_err(|e| StoreError::Backend(format!("cannot open SQLite store {}: {e}", path.display())))?;
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot open SQLite store {}: {e}", path.display()))
+            })?;
         sqlx::migrate!("./migrations/sqlite")
             .run(&pool)
             .await
-            .map_err(|e| StoreError::Backend(format!("migrating SQLite store {}: {e}", path.display())))?;
+            .map_err(|e| {
+                StoreError::Backend(format!("migrating SQLite store {}: {e}", path.display()))
+            })?;
         Ok(Self { pool, path })
     }
 
@@ -124,7 +135,10 @@ impl SqliteStore {
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| backend("sqlite begin", e))
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| backend("sqlite begin", e))
     }
 }
 
@@ -142,16 +156,24 @@ fn summary_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<ThreadSummary, Stor
     .into_summary()
 }
 
-async fn event_count(tx: &mut Transaction<'static, Sqlite>, thread_id: &str) -> Result<i64, StoreError> {
-    let count: Option<i64> = sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
-        .bind(thread_id)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(|e| backend("sqlite read event_count", e))?;
+async fn event_count(
+    tx: &mut Transaction<'static, Sqlite>,
+    thread_id: &str,
+) -> Result<i64, StoreError> {
+    let count: Option<i64> =
+        sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
+            .bind(thread_id)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(|e| backend("sqlite read event_count", e))?;
     Ok(count.unwrap_or(0))
 }
 
-async fn insert_events(tx: &mut Transaction<'static, Sqlite>, thread_id: &str, batch: &Batch) -> Result<(), sqlx::Error> {
+async fn insert_events(
+    tx: &mut Transaction<'static, Sqlite>,
+    thread_id: &str,
+    batch: &Batch,
+) -> Result<(), sqlx::Error> {
     for chunk in batch.rows.chunks(INSERT_CHUNK) {
         let mut builder: QueryBuilder<Sqlite> =
             QueryBuilder::new("INSERT INTO events (thread_id, seq, type, run_id, ts, body) ");
@@ -200,7 +222,11 @@ async fn write_batch(
     .rows_affected();
     if updated == 0 {
         if expected != 0 {
-            return Err(conflict(thread_id, expected, event_count(tx, thread_id).await?));
+            return Err(conflict(
+                thread_id,
+                expected,
+                event_count(tx, thread_id).await?,
+            ));
         }
         let (status, end_state) = status_columns(batch.initial_status());
         let inserted = sqlx::query(
@@ -219,26 +245,40 @@ async fn write_batch(
         .map_err(|e| backend("sqlite insert thread", e))?
         .rows_affected();
         if inserted == 0 {
-            return Err(conflict(thread_id, expected, event_count(tx, thread_id).await?));
+            return Err(conflict(
+                thread_id,
+                expected,
+                event_count(tx, thread_id).await?,
+            ));
         }
     }
     match insert_events(tx, thread_id, batch).await {
         Ok(()) => Ok(()),
-        Err(e) if is_unique_violation(&e) => Err(conflict(thread_id, expected, event_count(tx, thread_id).await?)),
+        Err(e) if is_unique_violation(&e) => Err(conflict(
+            thread_id,
+            expected,
+            event_count(tx, thread_id).await?,
+        )),
         Err(e) => Err(backend("sqlite insert events", e)),
     }
 }
 
 #[async_trait]
 impl EventStore for SqliteStore {
-    async fn append(&self, thread_id: &str, expected_next_seq: u64, events: &[Event]) -> Result<(), StoreError> {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
         check_batch(thread_id, expected_next_seq, events)?;
         if events.is_empty() {
-            let actual: Option<i64> = sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
-                .bind(thread_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| backend("sqlite read event_count", e))?;
+            let actual: Option<i64> =
+                sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
+                    .bind(thread_id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| backend("sqlite read event_count", e))?;
             let actual = actual.unwrap_or(0);
             return if to_i64("expected_next_seq", expected_next_seq)? == actual {
                 Ok(())
@@ -253,12 +293,16 @@ impl EventStore for SqliteStore {
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
-        let bodies: Vec<String> = sqlx::query_scalar("SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq")
-            .bind(thread_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| backend("sqlite load", e))?;
-        bodies.iter().map(|body| parse_event(thread_id, body)).collect()
+        let bodies: Vec<String> =
+            sqlx::query_scalar("SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq")
+                .bind(thread_id)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| backend("sqlite load", e))?;
+        bodies
+            .iter()
+            .map(|body| parse_event(thread_id, body))
+            .collect()
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
@@ -269,7 +313,8 @@ impl EventStore for SqliteStore {
             q.push(" AND agent = ").push_bind(agent.clone());
         }
         if let Some(since) = filter.updated_since {
-            q.push(" AND updated_at >= ").push_bind(ts_to_ns_saturating(since));
+            q.push(" AND updated_at >= ")
+                .push_bind(ts_to_ns_saturating(since));
         }
         if let Some(status) = filter.status {
             let (s, e) = status_columns(status);
@@ -280,9 +325,14 @@ impl EventStore for SqliteStore {
         }
         q.push(" ORDER BY updated_at DESC, thread_id ASC");
         if let Some(limit) = filter.limit {
-            q.push(" LIMIT ").push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            q.push(" LIMIT ")
+                .push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
         }
-        let rows = q.build().fetch_all(&self.pool).await.map_err(|e| backend("sqlite list threads", e))?;
+        let rows = q
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| backend("sqlite list threads", e))?;
         rows.iter().map(summary_from_row).collect()
     }
 
@@ -303,19 +353,25 @@ impl EventStore for SqliteStore {
         Ok(gone > 0)
     }
 
-    async fn fork_thread(&self, source: &str, at_seq: u64, target: &str) -> Result<u64, StoreError> {
+    async fn fork_thread(
+        &self,
+        source: &str,
+        at_seq: u64,
+        target: &str,
+    ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let existing = event_count(&mut tx, target).await?;
         if existing != 0 {
             return Err(conflict(target, 0, existing));
         }
-        let bodies: Vec<String> =
-            sqlx::query_scalar("SELECT body FROM events WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq")
-                .bind(source)
-                .bind(i64::try_from(at_seq).unwrap_or(i64::MAX))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| backend("sqlite fork read", e))?;
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body FROM events WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
+        )
+        .bind(source)
+        .bind(i64::try_from(at_seq).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| backend("sqlite fork read", e))?;
         if bodies.is_empty() {
             return Err(StoreError::NotFound(source.to_string()));
         }

@@ -131,9 +131,13 @@ impl TelemetryConfig {
     /// `OTEL_EXPORTER_OTLP_PROTOCOL` (`grpc`, `http/protobuf`), `OTEL_EXPORTER_OTLP_HEADERS`
     /// (`k=v,k2=v2`), `OTEL_EXPORTER_OTLP_TIMEOUT` (ms) and `OTEL_SERVICE_NAME`. Values in
     /// keel.toml win over the environment.
-    pub fn with_env(mut self, env: impl Fn(&str) -> Option<String>) -> Result<Self, TelemetryError> {
+    pub fn with_env(
+        mut self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, TelemetryError> {
         let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
-        let protocol_from_env = get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| get("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        let protocol_from_env = get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| get("OTEL_EXPORTER_OTLP_PROTOCOL"));
         if self.endpoint.is_none() {
             if let Some(p) = &protocol_from_env {
                 self.protocol = match p.trim() {
@@ -142,7 +146,9 @@ impl TelemetryConfig {
                     other => {
                         return Err(TelemetryError::Config {
                             field: "OTEL_EXPORTER_OTLP_PROTOCOL".into(),
-                            message: format!("`{other}` is not supported; use `grpc` or `http/protobuf`"),
+                            message: format!(
+                                "`{other}` is not supported; use `grpc` or `http/protobuf`"
+                            ),
                         });
                     }
                 };
@@ -161,7 +167,9 @@ impl TelemetryConfig {
                         message: format!("`{pair}` is not `key=value`"),
                     });
                 };
-                self.headers.entry(k.trim().to_string()).or_insert_with(|| v.trim().to_string());
+                self.headers
+                    .entry(k.trim().to_string())
+                    .or_insert_with(|| v.trim().to_string());
             }
         }
         if let Some(ms) = get("OTEL_EXPORTER_OTLP_TIMEOUT") {
@@ -205,7 +213,10 @@ impl TelemetryConfig {
                 message: "must be at least 1".into(),
             });
         }
-        if !matches!(self.log.rotation.as_str(), "never" | "hourly" | "daily" | "minutely") {
+        if !matches!(
+            self.log.rotation.as_str(),
+            "never" | "hourly" | "daily" | "minutely"
+        ) {
             return Err(TelemetryError::Config {
                 field: "telemetry.log.rotation".into(),
                 message: format!("`{}` is not one of never, hourly, daily", self.log.rotation),

@@ -25,9 +25,9 @@ fn to_value(v: &AttrValue) -> Value {
         AttrValue::Int(i) => Value::I64(*i),
         AttrValue::Float(f) => Value::F64(*f),
         AttrValue::Str(s) => Value::String(StringValue::from(s.clone())),
-        AttrValue::StrArray(items) => {
-            Value::Array(Array::String(items.iter().map(|s| StringValue::from(s.clone())).collect()))
-        }
+        AttrValue::StrArray(items) => Value::Array(Array::String(
+            items.iter().map(|s| StringValue::from(s.clone())).collect(),
+        )),
     }
 }
 
@@ -40,18 +40,31 @@ fn system_time(ts: chrono::DateTime<chrono::Utc>) -> SystemTime {
 pub fn to_span_data(span: &SpanRecord) -> SpanData {
     let trace_id = TraceId::from_hex(&span.trace_id).unwrap_or(TraceId::INVALID);
     let span_id = SpanId::from_hex(&span.span_id).unwrap_or(SpanId::INVALID);
-    let parent = span.parent_span_id.as_deref().and_then(|p| SpanId::from_hex(p).ok()).unwrap_or(SpanId::INVALID);
+    let parent = span
+        .parent_span_id
+        .as_deref()
+        .and_then(|p| SpanId::from_hex(p).ok())
+        .unwrap_or(SpanId::INVALID);
     let mut events = SpanEvents::default();
     for e in &span.events {
         events.events.push(opentelemetry::trace::Event::new(
             e.name.clone(),
             system_time(e.ts),
-            e.attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), to_value(v))).collect(),
+            e.attributes
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), to_value(v)))
+                .collect(),
             0,
         ));
     }
     SpanData {
-        span_context: SpanContext::new(trace_id, span_id, TraceFlags::SAMPLED, false, TraceState::default()),
+        span_context: SpanContext::new(
+            trace_id,
+            span_id,
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        ),
         parent_span_id: parent,
         parent_span_is_remote: false,
         span_kind: match span.kind {
@@ -61,7 +74,11 @@ pub fn to_span_data(span: &SpanRecord) -> SpanData {
         name: Cow::Owned(span.name.clone()),
         start_time: system_time(span.start),
         end_time: system_time(span.end),
-        attributes: span.attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), to_value(v))).collect(),
+        attributes: span
+            .attributes
+            .iter()
+            .map(|(k, v)| KeyValue::new(k.clone(), to_value(v)))
+            .collect(),
         dropped_attributes_count: 0,
         events,
         links: SpanLinks::default(),
@@ -70,7 +87,9 @@ pub fn to_span_data(span: &SpanRecord) -> SpanData {
             SpanStatus::Ok => opentelemetry::trace::Status::Ok,
             SpanStatus::Error { message } => opentelemetry::trace::Status::error(message.clone()),
         },
-        instrumentation_scope: InstrumentationScope::builder(SCOPE_NAME).with_version(env!("CARGO_PKG_VERSION")).build(),
+        instrumentation_scope: InstrumentationScope::builder(SCOPE_NAME)
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build(),
     }
 }
 
@@ -78,7 +97,12 @@ pub fn to_span_data(span: &SpanRecord) -> SpanData {
 pub fn resource(config: &TelemetryConfig) -> Resource {
     Resource::builder_empty()
         .with_service_name(config.service_name.clone())
-        .with_attributes(config.resource_attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())))
+        .with_attributes(
+            config
+                .resource_attributes
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
         .build()
 }
 
@@ -93,7 +117,9 @@ pub struct OtlpSpanExporter {
 impl OtlpSpanExporter {
     /// Builds the exporter, or `None` when no endpoint is configured.
     pub fn from_config(config: &TelemetryConfig) -> Result<Option<Self>, TelemetryError> {
-        let Some(endpoint) = config.traces_endpoint() else { return Ok(None) };
+        let Some(endpoint) = config.traces_endpoint() else {
+            return Ok(None);
+        };
         let timeout = Duration::from_millis(config.export_timeout_ms.max(1));
         let mut inner = match config.protocol {
             OtlpProtocol::Http => {
@@ -109,14 +135,16 @@ impl OtlpSpanExporter {
             OtlpProtocol::Grpc => {
                 let mut map = http::HeaderMap::new();
                 for (k, v) in &config.headers {
-                    let name = http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).map_err(|e| TelemetryError::Config {
-                        field: format!("telemetry.headers.{k}"),
-                        message: format!("not a valid header name: {e}"),
-                    })?;
-                    let value = http::HeaderValue::from_str(v).map_err(|e| TelemetryError::Config {
-                        field: format!("telemetry.headers.{k}"),
-                        message: format!("not a valid header value: {e}"),
-                    })?;
+                    let name = http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                        .map_err(|e| TelemetryError::Config {
+                            field: format!("telemetry.headers.{k}"),
+                            message: format!("not a valid header name: {e}"),
+                        })?;
+                    let value =
+                        http::HeaderValue::from_str(v).map_err(|e| TelemetryError::Config {
+                            field: format!("telemetry.headers.{k}"),
+                            message: format!("not a valid header value: {e}"),
+                        })?;
                     map.insert(name, value);
                 }
                 opentelemetry_otlp::SpanExporter::builder()
@@ -124,11 +152,18 @@ impl OtlpSpanExporter {
                     .with_endpoint(endpoint)
                     .with_protocol(Protocol::Grpc)
                     .with_timeout(timeout)
-                    .with_metadata(opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map))
+                    .with_metadata(
+                        opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map),
+                    )
                     .build()
             }
         }
-        .map_err(|e| TelemetryError::Export(format!("cannot build the exporter for `{}`: {e}", config.endpoint.clone().unwrap_or_default())))?;
+        .map_err(|e| {
+            TelemetryError::Export(format!(
+                "cannot build the exporter for `{}`: {e}",
+                config.endpoint.clone().unwrap_or_default()
+            ))
+        })?;
         inner.set_resource(&resource(config));
         Ok(Some(Self { inner, timeout }))
     }
@@ -139,10 +174,18 @@ impl OtlpSpanExporter {
             return Ok(());
         }
         let batch: Vec<SpanData> = spans.iter().map(to_span_data).collect();
-        match tokio::time::timeout(self.timeout + Duration::from_secs(1), self.inner.export(batch)).await {
+        match tokio::time::timeout(
+            self.timeout + Duration::from_secs(1),
+            self.inner.export(batch),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(TelemetryError::Export(e.to_string())),
-            Err(_) => Err(TelemetryError::Export(format!("no answer within {} ms", self.timeout.as_millis()))),
+            Err(_) => Err(TelemetryError::Export(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
         }
     }
 }

@@ -63,11 +63,18 @@ pub struct Redactor {
 }
 
 fn normalize_field(name: &str) -> String {
-    name.chars().filter(|c| *c != '_' && *c != '-').flat_map(char::to_lowercase).collect()
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 fn compile(kind: &'static str, pattern: &str, check: Check) -> Result<Rule, regex::Error> {
-    Ok(Rule { kind, re: Regex::new(pattern)?, check })
+    Ok(Rule {
+        kind,
+        re: Regex::new(pattern)?,
+        check,
+    })
 }
 
 fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
@@ -75,7 +82,10 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
         .iter()
         .map(|f| {
             // `api_key` matches api_key, api-key, apikey, API_KEY.
-            f.split(['_', '-']).map(regex::escape).collect::<Vec<_>>().join("[_-]?")
+            f.split(['_', '-'])
+                .map(regex::escape)
+                .collect::<Vec<_>>()
+                .join("[_-]?")
         })
         .collect();
     let key_alt = names.join("|");
@@ -86,7 +96,11 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             Check::None,
         )?,
         // user:password@host in URLs: only the password goes.
-        compile("url_credentials", r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<s>[^/\s@]+)@", Check::None)?,
+        compile(
+            "url_credentials",
+            r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<s>[^/\s@]+)@",
+            Check::None,
+        )?,
         // key=value, key: value, "key": "value" where key names a secret.
         compile(
             "secret_field",
@@ -95,20 +109,60 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             ),
             Check::None,
         )?,
-        compile("bearer_token", r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/=-]{12,})", Check::None)?,
-        compile("basic_auth", r"(?i)\bbasic\s+(?P<s>[A-Za-z0-9+/]{12,}={0,2})", Check::None)?,
-        compile("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", Check::None)?,
-        compile("api_key", r"\bsk-(?:ant-|proj-|live-|or-v1-)?[A-Za-z0-9_-]{20,}", Check::None)?,
-        compile("aws_access_key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b", Check::None)?,
-        compile("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b", Check::None)?,
+        compile(
+            "bearer_token",
+            r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/=-]{12,})",
+            Check::None,
+        )?,
+        compile(
+            "basic_auth",
+            r"(?i)\bbasic\s+(?P<s>[A-Za-z0-9+/]{12,}={0,2})",
+            Check::None,
+        )?,
+        compile(
+            "jwt",
+            r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+            Check::None,
+        )?,
+        compile(
+            "api_key",
+            r"\bsk-(?:ant-|proj-|live-|or-v1-)?[A-Za-z0-9_-]{20,}",
+            Check::None,
+        )?,
+        compile(
+            "aws_access_key",
+            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b",
+            Check::None,
+        )?,
+        compile(
+            "github_token",
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b",
+            Check::None,
+        )?,
         compile("gitlab_token", r"\bglpat-[A-Za-z0-9_-]{20,}", Check::None)?,
-        compile("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", Check::None)?,
-        compile("slack_webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+", Check::None)?,
-        compile("stripe_key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}", Check::None)?,
+        compile(
+            "slack_token",
+            r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+            Check::None,
+        )?,
+        compile(
+            "slack_webhook",
+            r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+",
+            Check::None,
+        )?,
+        compile(
+            "stripe_key",
+            r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}",
+            Check::None,
+        )?,
         compile("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}", Check::None)?,
         compile("huggingface_token", r"\bhf_[A-Za-z0-9]{30,}", Check::None)?,
         compile("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b", Check::None)?,
-        compile("email", r"(?i)\b[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}\b", Check::None)?,
+        compile(
+            "email",
+            r"(?i)\b[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}\b",
+            Check::None,
+        )?,
         compile(
             "credit_card",
             r"\b[2-6](?:[ -]?[0-9]){12,18}\b",
@@ -122,7 +176,11 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             Check::None,
         )?,
         // (202) 555-0143, 202-555-0143, 202.555.0143
-        compile("phone", r"(?:\([0-9]{3}\)\s?|\b[0-9]{3}[.-])[0-9]{3}[.-][0-9]{4}\b", Check::None)?,
+        compile(
+            "phone",
+            r"(?:\([0-9]{3}\)\s?|\b[0-9]{3}[.-])[0-9]{3}[.-][0-9]{4}\b",
+            Check::None,
+        )?,
     ])
 }
 
@@ -157,7 +215,12 @@ impl Default for Redactor {
 impl Redactor {
     /// A redactor that changes nothing.
     pub fn disabled() -> Self {
-        Self { enabled: false, rules: Vec::new(), fields: Vec::new(), replacement: String::new() }
+        Self {
+            enabled: false,
+            rules: Vec::new(),
+            fields: Vec::new(),
+            replacement: String::new(),
+        }
     }
 
     /// Builds the built-in rules plus the configured patterns and fields.
@@ -165,7 +228,10 @@ impl Redactor {
         if !config.enabled {
             return Ok(Self::disabled());
         }
-        let mut field_names: Vec<String> = DEFAULT_SECRET_FIELDS.iter().map(|s| (*s).to_string()).collect();
+        let mut field_names: Vec<String> = DEFAULT_SECRET_FIELDS
+            .iter()
+            .map(|s| (*s).to_string())
+            .collect();
         for (i, f) in config.fields.iter().enumerate() {
             if f.trim().is_empty() {
                 return Err(TelemetryError::Config {
@@ -185,7 +251,14 @@ impl Redactor {
                 message: format!("invalid regular expression: {e}"),
             })?;
             // Custom rules run first so they see the original text.
-            rules.insert(i, Rule { kind: "custom", re, check: Check::None });
+            rules.insert(
+                i,
+                Rule {
+                    kind: "custom",
+                    re,
+                    check: Check::None,
+                },
+            );
         }
         Ok(Self {
             enabled: true,
@@ -215,7 +288,9 @@ impl Redactor {
             if !rule.re.is_match(&current) {
                 continue;
             }
-            let replaced = rule.re.replace_all(&current, |caps: &Captures<'_>| self.replace(rule, caps));
+            let replaced = rule
+                .re
+                .replace_all(&current, |caps: &Captures<'_>| self.replace(rule, caps));
             if let Cow::Owned(s) = replaced {
                 current = Cow::Owned(s);
             }
@@ -224,11 +299,15 @@ impl Redactor {
     }
 
     fn replace(&self, rule: &Rule, caps: &Captures<'_>) -> String {
-        let Some(whole) = caps.get(0) else { return String::new() };
+        let Some(whole) = caps.get(0) else {
+            return String::new();
+        };
         if rule.check == Check::Luhn && !luhn_valid(whole.as_str()) {
             return whole.as_str().to_string();
         }
-        let secret = ["s", "s2", "s3", "s4"].iter().find_map(|name| caps.name(name));
+        let secret = ["s", "s2", "s3", "s4"]
+            .iter()
+            .find_map(|name| caps.name(name));
         match secret {
             Some(m) => {
                 // Keep the text around the secret group (e.g. the key name).
@@ -306,7 +385,13 @@ mod tests {
     #[test]
     fn keeps_key_name() {
         let r = Redactor::default();
-        assert_eq!(r.redact_str("password=hunter2 ok"), "password=[REDACTED:secret_field] ok");
-        assert_eq!(r.redact_str(r#"{"api_key": "abc def"}"#), r#"{"api_key": "[REDACTED:secret_field]"}"#);
+        assert_eq!(
+            r.redact_str("password=hunter2 ok"),
+            "password=[REDACTED:secret_field] ok"
+        );
+        assert_eq!(
+            r.redact_str(r#"{"api_key": "abc def"}"#),
+            r#"{"api_key": "[REDACTED:secret_field]"}"#
+        );
     }
 }

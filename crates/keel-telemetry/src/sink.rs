@@ -97,7 +97,8 @@ impl TelemetrySink {
             tx,
             dropped,
             worker: Mutex::new(Some(handle)),
-            reply_timeout: Duration::from_millis(config.export_timeout_ms.saturating_mul(2)) + Duration::from_secs(5),
+            reply_timeout: Duration::from_millis(config.export_timeout_ms.saturating_mul(2))
+                + Duration::from_secs(5),
         })
     }
 
@@ -131,13 +132,20 @@ impl TelemetrySink {
                     msg = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(TrySendError::Disconnected(_)) => return Err(TelemetryError::Worker("the worker has stopped".into())),
+                Err(TrySendError::Disconnected(_)) => {
+                    return Err(TelemetryError::Worker("the worker has stopped".into()));
+                }
             }
         }
         match tokio::time::timeout(self.reply_timeout, reply_rx).await {
             Ok(Ok(stats)) => Ok(stats),
-            Ok(Err(_)) => Err(TelemetryError::Worker("the worker stopped before answering".into())),
-            Err(_) => Err(TelemetryError::Worker(format!("no answer within {} ms", self.reply_timeout.as_millis()))),
+            Ok(Err(_)) => Err(TelemetryError::Worker(
+                "the worker stopped before answering".into(),
+            )),
+            Err(_) => Err(TelemetryError::Worker(format!(
+                "no answer within {} ms",
+                self.reply_timeout.as_millis()
+            ))),
         }
     }
 
@@ -207,10 +215,15 @@ fn worker_main(
     dropped: Arc<AtomicU64>,
     ready: mpsc::Sender<Result<(), TelemetryError>>,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = ready.send(Err(TelemetryError::Worker(format!("cannot start a Tokio runtime: {e}"))));
+            let _ = ready.send(Err(TelemetryError::Worker(format!(
+                "cannot start a Tokio runtime: {e}"
+            ))));
             return;
         }
     };
@@ -224,7 +237,9 @@ fn worker_main(
     let _ = ready.send(Ok(()));
     let mut worker = Worker {
         redactor,
-        assembler: SpanAssembler::new(SpanOptions { capture_content: config.capture_content }),
+        assembler: SpanAssembler::new(SpanOptions {
+            capture_content: config.capture_content,
+        }),
         files: config.trace_dir.clone().map(TraceFileWriter::new),
         exporter,
         buffer: Vec::new(),
@@ -303,7 +318,10 @@ impl Worker {
             if redacted.is_none()
                 && let Some(obj) = line.as_object_mut()
             {
-                obj.insert("record".into(), serde_json::Value::String("raw_event".into()));
+                obj.insert(
+                    "record".into(),
+                    serde_json::Value::String("raw_event".into()),
+                );
             }
             let result = files.append_line(&event.trace_id, &line.to_string());
             if let Err(e) = result {

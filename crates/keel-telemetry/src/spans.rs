@@ -235,7 +235,10 @@ fn s(v: impl Into<String>) -> AttrValue {
 impl RunSpans {
     fn new_id(&mut self, preferred: &str, run_id: &str, salt: &str) -> String {
         let root = self.root.as_ref().map(|r| r.span_id.as_str()).unwrap_or("");
-        let id = if valid_span_id(preferred) && preferred != root && !self.used_ids.contains(preferred) {
+        let id = if valid_span_id(preferred)
+            && preferred != root
+            && !self.used_ids.contains(preferred)
+        {
             preferred.to_string()
         } else {
             let mut n = 0u32;
@@ -265,7 +268,13 @@ impl RunSpans {
         self.root.as_ref().map(|r| r.span_id.clone())
     }
 
-    fn close(&self, open: OpenSpan, parent: Option<String>, end: DateTime<Utc>, status: SpanStatus) -> SpanRecord {
+    fn close(
+        &self,
+        open: OpenSpan,
+        parent: Option<String>,
+        end: DateTime<Utc>,
+        status: SpanStatus,
+    ) -> SpanRecord {
         SpanRecord {
             trace_id: self.trace_id.clone(),
             span_id: open.span_id,
@@ -284,7 +293,10 @@ impl RunSpans {
 impl SpanAssembler {
     /// A new assembler.
     pub fn new(options: SpanOptions) -> Self {
-        Self { options, runs: HashMap::new() }
+        Self {
+            options,
+            runs: HashMap::new(),
+        }
     }
 
     /// Runs with spans still open.
@@ -295,21 +307,35 @@ impl SpanAssembler {
     /// Folds one event; returns what it completed, children before parents.
     pub fn apply(&mut self, event: &Event) -> Vec<Completed> {
         let capture = self.options.capture_content;
-        let run = self.runs.entry(event.run_id.clone()).or_insert_with(|| RunSpans {
-            trace_id: if valid_trace_id(&event.trace_id) {
-                event.trace_id.to_ascii_lowercase()
-            } else {
-                derive_trace_id(&event.run_id)
-            },
-            thread_id: event.thread_id.clone(),
-            ..RunSpans::default()
-        });
+        let run = self
+            .runs
+            .entry(event.run_id.clone())
+            .or_insert_with(|| RunSpans {
+                trace_id: if valid_trace_id(&event.trace_id) {
+                    event.trace_id.to_ascii_lowercase()
+                } else {
+                    derive_trace_id(&event.run_id)
+                },
+                thread_id: event.thread_id.clone(),
+                ..RunSpans::default()
+            });
         run.last_ts = Some(event.ts);
-        let mut out: Vec<Completed> = run.turns.before(event).into_iter().map(Completed::Turn).collect();
+        let mut out: Vec<Completed> = run
+            .turns
+            .before(event)
+            .into_iter()
+            .map(Completed::Turn)
+            .collect();
         let run_id = event.run_id.as_str();
         let root_parent = run.root_id();
         match &event.kind {
-            EventKind::RunStarted { agent, model, goal, budget, .. } => {
+            EventKind::RunStarted {
+                agent,
+                model,
+                goal,
+                budget,
+                ..
+            } => {
                 run.agent = agent.clone();
                 let (provider, model_name) = split_model(model);
                 run.provider = provider.map(str::to_string);
@@ -350,10 +376,21 @@ impl SpanAssembler {
                 }
             }
             EventKind::ModelRequested {
-                turn, model, message_count, tool_count, estimated_input_tokens, provider, temperature, max_tokens, context_window,
+                turn,
+                model,
+                message_count,
+                tool_count,
+                estimated_input_tokens,
+                provider,
+                temperature,
+                max_tokens,
+                context_window,
             } => {
                 let (p, model_name) = split_model(model);
-                let provider = provider.clone().or_else(|| p.map(str::to_string)).or_else(|| run.provider.clone());
+                let provider = provider
+                    .clone()
+                    .or_else(|| p.map(str::to_string))
+                    .or_else(|| run.provider.clone());
                 let id = run.new_id(&event.span_id, run_id, &format!("chat:{turn}"));
                 let mut a = run.base_attrs("chat");
                 a.insert("gen_ai.request.model".into(), s(model_name));
@@ -373,24 +410,44 @@ impl SpanAssembler {
                 }
                 a.insert("openinference.span.kind".into(), s("LLM"));
                 a.insert("keel.turn".into(), int(u64::from(*turn)));
-                a.insert("keel.request.message_count".into(), int(u64::from(*message_count)));
-                a.insert("keel.request.tool_count".into(), int(u64::from(*tool_count)));
-                a.insert("keel.request.estimated_input_tokens".into(), int(*estimated_input_tokens));
+                a.insert(
+                    "keel.request.message_count".into(),
+                    int(u64::from(*message_count)),
+                );
+                a.insert(
+                    "keel.request.tool_count".into(),
+                    int(u64::from(*tool_count)),
+                );
+                a.insert(
+                    "keel.request.estimated_input_tokens".into(),
+                    int(*estimated_input_tokens),
+                );
                 if capture {
                     let json = serde_json::to_string(&run.messages).unwrap_or_default();
                     a.insert("gen_ai.input.messages".into(), s(clip(json)));
                 }
                 // A repeated ModelRequested (crash and resume) supersedes the open one.
-                run.chat = Some((*turn, OpenSpan {
-                    span_id: id,
-                    name: format!("chat {model_name}"),
-                    kind: SpanKind::Client,
-                    start: event.ts,
-                    attributes: a,
-                    events: Vec::new(),
-                }));
+                run.chat = Some((
+                    *turn,
+                    OpenSpan {
+                        span_id: id,
+                        name: format!("chat {model_name}"),
+                        kind: SpanKind::Client,
+                        start: event.ts,
+                        attributes: a,
+                        events: Vec::new(),
+                    },
+                ));
             }
-            EventKind::ModelResponded { turn, message, usage, latency_ms, stop_reason, response_id, cost_usd } => {
+            EventKind::ModelResponded {
+                turn,
+                message,
+                usage,
+                latency_ms,
+                stop_reason,
+                response_id,
+                cost_usd,
+            } => {
                 run.model_calls += 1;
                 run.input_tokens = run.input_tokens.saturating_add(usage.input_tokens);
                 run.output_tokens = run.output_tokens.saturating_add(usage.output_tokens);
@@ -401,7 +458,8 @@ impl SpanAssembler {
                         span_id: run.new_id("", run_id, &format!("chat:{turn}")),
                         name: format!("chat {}", run.model),
                         kind: SpanKind::Client,
-                        start: event.ts - Duration::milliseconds(i64::try_from(*latency_ms).unwrap_or(0)),
+                        start: event.ts
+                            - Duration::milliseconds(i64::try_from(*latency_ms).unwrap_or(0)),
                         attributes: run.base_attrs("chat"),
                         events: Vec::new(),
                     },
@@ -411,26 +469,46 @@ impl SpanAssembler {
                 if let Some(id) = response_id {
                     a.insert("gen_ai.response.id".into(), s(id.clone()));
                 }
-                a.insert("gen_ai.response.finish_reasons".into(), AttrValue::StrArray(vec![finish_reason(*stop_reason).into()]));
+                a.insert(
+                    "gen_ai.response.finish_reasons".into(),
+                    AttrValue::StrArray(vec![finish_reason(*stop_reason).into()]),
+                );
                 a.insert("gen_ai.usage.input_tokens".into(), int(usage.input_tokens));
-                a.insert("gen_ai.usage.output_tokens".into(), int(usage.output_tokens));
+                a.insert(
+                    "gen_ai.usage.output_tokens".into(),
+                    int(usage.output_tokens),
+                );
                 if usage.cache_read_tokens > 0 {
-                    a.insert("gen_ai.usage.cache_read.input_tokens".into(), int(usage.cache_read_tokens));
+                    a.insert(
+                        "gen_ai.usage.cache_read.input_tokens".into(),
+                        int(usage.cache_read_tokens),
+                    );
                 }
                 if usage.cache_write_tokens > 0 {
-                    a.insert("gen_ai.usage.cache_creation.input_tokens".into(), int(usage.cache_write_tokens));
+                    a.insert(
+                        "gen_ai.usage.cache_creation.input_tokens".into(),
+                        int(usage.cache_write_tokens),
+                    );
                 }
                 if let Some(c) = cost_usd {
                     a.insert("keel.cost_usd".into(), AttrValue::Float(*c));
                 }
                 a.insert("keel.latency_ms".into(), int(*latency_ms));
-                a.insert("keel.response.tool_calls".into(), int(message.tool_calls().count() as u64));
+                a.insert(
+                    "keel.response.tool_calls".into(),
+                    int(message.tool_calls().count() as u64),
+                );
                 if capture {
                     let json = serde_json::to_string(&[message]).unwrap_or_default();
                     a.insert("gen_ai.output.messages".into(), s(clip(json)));
                     run.messages.push(message.clone());
                 }
-                out.push(Completed::Span(run.close(open, root_parent, event.ts, SpanStatus::Ok)));
+                out.push(Completed::Span(run.close(
+                    open,
+                    root_parent,
+                    event.ts,
+                    SpanStatus::Ok,
+                )));
             }
             EventKind::ModelFailed { turn, error } => {
                 let open = match run.chat.take() {
@@ -448,28 +526,52 @@ impl SpanAssembler {
                 let kind = snake(&error.kind);
                 open.attributes.insert("error.type".into(), s(kind.clone()));
                 if let Some(status) = error.status {
-                    open.attributes.insert("http.response.status_code".into(), int(u64::from(status)));
+                    open.attributes
+                        .insert("http.response.status_code".into(), int(u64::from(status)));
                 }
                 let message = format!("{kind}: {}", error.message);
-                out.push(Completed::Span(run.close(open, root_parent, event.ts, SpanStatus::Error { message })));
+                out.push(Completed::Span(run.close(
+                    open,
+                    root_parent,
+                    event.ts,
+                    SpanStatus::Error { message },
+                )));
             }
-            EventKind::ToolCallRequested { call, effect, requires_approval } => {
+            EventKind::ToolCallRequested {
+                call,
+                effect,
+                requires_approval,
+            } => {
                 run.requested.insert(
                     call.id.clone(),
-                    (event.ts, call.arguments.clone(), effect.map(|e| snake(&e)), *requires_approval),
+                    (
+                        event.ts,
+                        call.arguments.clone(),
+                        effect.map(|e| snake(&e)),
+                        *requires_approval,
+                    ),
                 );
             }
             EventKind::ToolCallStarted { call_id, name } => {
                 let open = Self::open_tool(run, event, call_id, name, capture);
                 run.tools.insert(call_id.clone(), open);
             }
-            EventKind::ApprovalGranted { call_id, .. } | EventKind::ApprovalDenied { call_id, .. } => {
-                let decision = if matches!(event.kind, EventKind::ApprovalGranted { .. }) { "granted" } else { "denied" };
+            EventKind::ApprovalGranted { call_id, .. }
+            | EventKind::ApprovalDenied { call_id, .. } => {
+                let decision = if matches!(event.kind, EventKind::ApprovalGranted { .. }) {
+                    "granted"
+                } else {
+                    "denied"
+                };
                 if let Some(root) = run.root.as_mut() {
                     let mut attributes = BTreeMap::new();
                     attributes.insert("gen_ai.tool.call.id".into(), s(call_id.clone()));
                     attributes.insert("keel.approval".into(), s(decision));
-                    root.events.push(SpanEventRecord { name: format!("approval_{decision}"), ts: event.ts, attributes });
+                    root.events.push(SpanEventRecord {
+                        name: format!("approval_{decision}"),
+                        ts: event.ts,
+                        attributes,
+                    });
                 }
             }
             EventKind::ToolCallFinished { result } => {
@@ -477,21 +579,41 @@ impl SpanAssembler {
                 let mut open = match run.tools.remove(&result.call_id) {
                     Some(open) => open,
                     None => {
-                        let mut open = Self::open_tool(run, event, &result.call_id, &result.name, capture);
-                        open.start = event.ts - Duration::milliseconds(i64::try_from(result.outcome.latency_ms).unwrap_or(0));
+                        let mut open =
+                            Self::open_tool(run, event, &result.call_id, &result.name, capture);
+                        open.start = event.ts
+                            - Duration::milliseconds(
+                                i64::try_from(result.outcome.latency_ms).unwrap_or(0),
+                            );
                         open
                     }
                 };
                 let a = &mut open.attributes;
-                a.insert("keel.tool.attempts".into(), int(u64::from(result.outcome.attempts)));
-                a.insert("keel.tool.latency_ms".into(), int(result.outcome.latency_ms));
+                a.insert(
+                    "keel.tool.attempts".into(),
+                    int(u64::from(result.outcome.attempts)),
+                );
+                a.insert(
+                    "keel.tool.latency_ms".into(),
+                    int(result.outcome.latency_ms),
+                );
                 if capture {
-                    a.insert("gen_ai.tool.call.result".into(), s(clip(result.content.clone())));
+                    a.insert(
+                        "gen_ai.tool.call.result".into(),
+                        s(clip(result.content.clone())),
+                    );
                 }
                 let status = match &result.outcome.result {
-                    ToolResultKind::Ok { schema_validated, truncated, .. } => {
+                    ToolResultKind::Ok {
+                        schema_validated,
+                        truncated,
+                        ..
+                    } => {
                         a.insert("keel.tool.outcome".into(), s("ok"));
-                        a.insert("keel.tool.schema_validated".into(), AttrValue::Bool(*schema_validated));
+                        a.insert(
+                            "keel.tool.schema_validated".into(),
+                            AttrValue::Bool(*schema_validated),
+                        );
                         a.insert("keel.tool.truncated".into(), AttrValue::Bool(*truncated));
                         SpanStatus::Ok
                     }
@@ -500,15 +622,31 @@ impl SpanAssembler {
                         a.insert("keel.tool.outcome".into(), s("error"));
                         a.insert("keel.tool.error_code".into(), s(code.as_str()));
                         a.insert("error.type".into(), s(code.as_str()));
-                        SpanStatus::Error { message: format!("{code}: {message}") }
+                        SpanStatus::Error {
+                            message: format!("{code}: {message}"),
+                        }
                     }
                 };
                 if capture {
-                    run.messages.push(Message { role: Role::Tool, parts: vec![Part::ToolResult(result.clone())] });
+                    run.messages.push(Message {
+                        role: Role::Tool,
+                        parts: vec![Part::ToolResult(result.clone())],
+                    });
                 }
-                out.push(Completed::Span(run.close(open, root_parent, event.ts, status)));
+                out.push(Completed::Span(run.close(
+                    open,
+                    root_parent,
+                    event.ts,
+                    status,
+                )));
             }
-            EventKind::Retry { scope, attempt, class, wait_ms, call_id } => {
+            EventKind::Retry {
+                scope,
+                attempt,
+                class,
+                wait_ms,
+                call_id,
+            } => {
                 run.retries += 1;
                 let parent = match (scope.as_str(), call_id) {
                     ("tool", Some(id)) => run.tools.get(id).map(|t| t.span_id.clone()),
@@ -525,52 +663,127 @@ impl SpanAssembler {
                     a.insert("gen_ai.tool.call.id".into(), s(id.clone()));
                 }
                 let id = run.new_id("", run_id, &format!("retry:{}", event.seq));
-                let open = OpenSpan { span_id: id, name: format!("retry {scope}"), kind: SpanKind::Internal, start: event.ts, attributes: a, events: Vec::new() };
+                let open = OpenSpan {
+                    span_id: id,
+                    name: format!("retry {scope}"),
+                    kind: SpanKind::Internal,
+                    start: event.ts,
+                    attributes: a,
+                    events: Vec::new(),
+                };
                 let end = event.ts + Duration::milliseconds(i64::try_from(*wait_ms).unwrap_or(0));
-                out.push(Completed::Span(run.close(open, parent, end, SpanStatus::Unset)));
+                out.push(Completed::Span(run.close(
+                    open,
+                    parent,
+                    end,
+                    SpanStatus::Unset,
+                )));
             }
-            EventKind::Compacted { strategy, replaced, messages } => {
+            EventKind::Compacted {
+                strategy,
+                replaced,
+                messages,
+            } => {
                 let mut a = run.base_attrs("compact");
                 a.insert("keel.compaction.strategy".into(), s(strategy.clone()));
                 a.insert("keel.compaction.replaced".into(), int(u64::from(*replaced)));
-                a.insert("keel.compaction.messages_after".into(), int(messages.len() as u64));
+                a.insert(
+                    "keel.compaction.messages_after".into(),
+                    int(messages.len() as u64),
+                );
                 if capture {
                     run.messages = messages.clone();
                 }
                 let id = run.new_id("", run_id, &format!("compact:{}", event.seq));
-                let open = OpenSpan { span_id: id, name: format!("compact {strategy}"), kind: SpanKind::Internal, start: event.ts, attributes: a, events: Vec::new() };
-                out.push(Completed::Span(run.close(open, root_parent, event.ts, SpanStatus::Ok)));
+                let open = OpenSpan {
+                    span_id: id,
+                    name: format!("compact {strategy}"),
+                    kind: SpanKind::Internal,
+                    start: event.ts,
+                    attributes: a,
+                    events: Vec::new(),
+                };
+                out.push(Completed::Span(run.close(
+                    open,
+                    root_parent,
+                    event.ts,
+                    SpanStatus::Ok,
+                )));
             }
-            EventKind::Critique { satisfied, known_gaps, next } => {
+            EventKind::Critique {
+                satisfied,
+                known_gaps,
+                next,
+            } => {
                 let mut a = run.base_attrs("critique");
-                a.insert("keel.critique.satisfied".into(), AttrValue::Bool(*satisfied));
+                a.insert(
+                    "keel.critique.satisfied".into(),
+                    AttrValue::Bool(*satisfied),
+                );
                 a.insert("keel.critique.next".into(), s(snake(next)));
-                a.insert("keel.critique.known_gaps".into(), int(known_gaps.len() as u64));
+                a.insert(
+                    "keel.critique.known_gaps".into(),
+                    int(known_gaps.len() as u64),
+                );
                 if capture && !known_gaps.is_empty() {
-                    a.insert("keel.critique.gaps".into(), AttrValue::StrArray(known_gaps.clone()));
+                    a.insert(
+                        "keel.critique.gaps".into(),
+                        AttrValue::StrArray(known_gaps.clone()),
+                    );
                 }
                 let id = run.new_id("", run_id, &format!("critique:{}", event.seq));
-                let open = OpenSpan { span_id: id, name: "critique".into(), kind: SpanKind::Internal, start: event.ts, attributes: a, events: Vec::new() };
-                out.push(Completed::Span(run.close(open, root_parent, event.ts, SpanStatus::Ok)));
+                let open = OpenSpan {
+                    span_id: id,
+                    name: "critique".into(),
+                    kind: SpanKind::Internal,
+                    start: event.ts,
+                    attributes: a,
+                    events: Vec::new(),
+                };
+                out.push(Completed::Span(run.close(
+                    open,
+                    root_parent,
+                    event.ts,
+                    SpanStatus::Ok,
+                )));
             }
             EventKind::Notice { code, message, .. } => {
                 if let Some(root) = run.root.as_mut() {
                     let mut attributes = BTreeMap::new();
                     attributes.insert("keel.notice.code".into(), s(code.clone()));
                     attributes.insert("keel.notice.message".into(), s(message.clone()));
-                    root.events.push(SpanEventRecord { name: "notice".into(), ts: event.ts, attributes });
+                    root.events.push(SpanEventRecord {
+                        name: "notice".into(),
+                        ts: event.ts,
+                        attributes,
+                    });
                 }
             }
-            EventKind::RunEnded { end_state, reason, final_text } => {
+            EventKind::RunEnded {
+                end_state,
+                reason,
+                final_text,
+            } => {
                 let mut done = Self::close_children(run, event.ts, "run ended first");
                 out.append(&mut done);
                 if let Some(mut root) = run.root.take() {
-                    Self::finish_root(run, &mut root, Some(*end_state), reason.as_deref(), final_text.as_deref(), capture);
+                    Self::finish_root(
+                        run,
+                        &mut root,
+                        Some(*end_state),
+                        reason.as_deref(),
+                        final_text.as_deref(),
+                        capture,
+                    );
                     let status = match end_state {
                         EndState::Done => SpanStatus::Ok,
-                        EndState::Failed | EndState::UnrecoverableToolContract | EndState::BudgetExceeded => {
-                            SpanStatus::Error { message: reason.clone().unwrap_or_else(|| end_state.as_str().to_string()) }
-                        }
+                        EndState::Failed
+                        | EndState::UnrecoverableToolContract
+                        | EndState::BudgetExceeded => SpanStatus::Error {
+                            message: reason
+                                .clone()
+                                .unwrap_or_else(|| end_state.as_str().to_string()),
+                        },
                         EndState::ClarifyNeeded | EndState::Cancelled => SpanStatus::Unset,
                     };
                     out.push(Completed::Span(run.close(root, None, event.ts, status)));
@@ -590,7 +803,13 @@ impl SpanAssembler {
         out
     }
 
-    fn open_tool(run: &mut RunSpans, event: &Event, call_id: &str, name: &str, capture: bool) -> OpenSpan {
+    fn open_tool(
+        run: &mut RunSpans,
+        event: &Event,
+        call_id: &str,
+        name: &str,
+        capture: bool,
+    ) -> OpenSpan {
         let id = run.new_id(&event.span_id, &event.run_id, &format!("tool:{call_id}"));
         let mut a = run.base_attrs("execute_tool");
         a.insert("gen_ai.tool.name".into(), s(name));
@@ -602,7 +821,10 @@ impl SpanAssembler {
             if let Some(e) = effect {
                 a.insert("keel.tool.effect".into(), s(e));
             }
-            a.insert("keel.tool.requires_approval".into(), AttrValue::Bool(approval));
+            a.insert(
+                "keel.tool.requires_approval".into(),
+                AttrValue::Bool(approval),
+            );
             if capture {
                 a.insert("gen_ai.tool.call.arguments".into(), s(clip(args)));
             }
@@ -610,19 +832,40 @@ impl SpanAssembler {
                 start = requested_at;
             }
         }
-        OpenSpan { span_id: id, name: format!("execute_tool {name}"), kind: SpanKind::Internal, start, attributes: a, events: Vec::new() }
+        OpenSpan {
+            span_id: id,
+            name: format!("execute_tool {name}"),
+            kind: SpanKind::Internal,
+            start,
+            attributes: a,
+            events: Vec::new(),
+        }
     }
 
     fn close_children(run: &mut RunSpans, at: DateTime<Utc>, why: &str) -> Vec<Completed> {
         let parent = run.root_id();
         let mut out = Vec::new();
         if let Some((_, open)) = run.chat.take() {
-            out.push(Completed::Span(run.close(open, parent.clone(), at, SpanStatus::Error { message: why.into() })));
+            out.push(Completed::Span(run.close(
+                open,
+                parent.clone(),
+                at,
+                SpanStatus::Error {
+                    message: why.into(),
+                },
+            )));
         }
         let mut tools: Vec<(String, OpenSpan)> = run.tools.drain().collect();
         tools.sort_by(|a, b| a.0.cmp(&b.0));
         for (_, open) in tools {
-            out.push(Completed::Span(run.close(open, parent.clone(), at, SpanStatus::Error { message: why.into() })));
+            out.push(Completed::Span(run.close(
+                open,
+                parent.clone(),
+                at,
+                SpanStatus::Error {
+                    message: why.into(),
+                },
+            )));
         }
         out
     }
@@ -636,7 +879,10 @@ impl SpanAssembler {
         capture: bool,
     ) {
         let a = &mut root.attributes;
-        a.insert("keel.end_state".into(), s(end_state.map(EndState::as_str).unwrap_or("incomplete")));
+        a.insert(
+            "keel.end_state".into(),
+            s(end_state.map(EndState::as_str).unwrap_or("incomplete")),
+        );
         if let Some(r) = reason {
             a.insert("keel.end_reason".into(), s(r));
         }
@@ -662,10 +908,19 @@ impl SpanAssembler {
         for (_, mut run) in runs {
             let at = run.last_ts.unwrap_or_else(Utc::now);
             out.extend(run.turns.flush().into_iter().map(Completed::Turn));
-            out.append(&mut Self::close_children(&mut run, at, "telemetry shut down before the call finished"));
+            out.append(&mut Self::close_children(
+                &mut run,
+                at,
+                "telemetry shut down before the call finished",
+            ));
             if let Some(mut root) = run.root.take() {
                 Self::finish_root(&run, &mut root, None, None, None, false);
-                out.push(Completed::Span(run.close(root, None, at, SpanStatus::Unset)));
+                out.push(Completed::Span(run.close(
+                    root,
+                    None,
+                    at,
+                    SpanStatus::Unset,
+                )));
             }
         }
         out
@@ -674,7 +929,10 @@ impl SpanAssembler {
 
 /// Folds a complete event sequence into spans and turn records (for tests, replays and
 /// trace files written after the fact).
-pub fn spans_for_events<'a>(events: impl IntoIterator<Item = &'a Event>, options: SpanOptions) -> Vec<Completed> {
+pub fn spans_for_events<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+    options: SpanOptions,
+) -> Vec<Completed> {
     let mut asm = SpanAssembler::new(options);
     let mut out = Vec::new();
     for e in events {

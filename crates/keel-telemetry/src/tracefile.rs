@@ -42,7 +42,11 @@ pub enum TraceRecord {
 }
 
 fn file_key(trace_id: &str) -> String {
-    if valid_trace_id(trace_id) { trace_id.to_ascii_lowercase() } else { crate::ids::derive_trace_id(trace_id) }
+    if valid_trace_id(trace_id) {
+        trace_id.to_ascii_lowercase()
+    } else {
+        crate::ids::derive_trace_id(trace_id)
+    }
 }
 
 /// The path of a trace's file.
@@ -78,11 +82,21 @@ pub fn read_trace(dir: &Path, id: &str) -> Result<Vec<TraceRecord>, TelemetryErr
     }
     let matches: Vec<PathBuf> = list_trace_files(dir)?
         .into_iter()
-        .filter(|p| p.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with(id)))
+        .filter(|p| {
+            p.file_stem()
+                .and_then(|s| s.to_str())
+                .is_some_and(|s| s.starts_with(id))
+        })
         .collect();
     match matches.as_slice() {
         [one] => read_trace_file(one),
-        [] => Err(TelemetryError::io(exact, std::io::Error::new(std::io::ErrorKind::NotFound, "no such trace; see `keel trace list`"))),
+        [] => Err(TelemetryError::io(
+            exact,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such trace; see `keel trace list`",
+            ),
+        )),
         _ => Err(TelemetryError::Config {
             field: "trace id".into(),
             message: format!("`{id}` matches {} traces; give more digits", matches.len()),
@@ -117,7 +131,11 @@ pub struct TraceFileWriter {
 impl TraceFileWriter {
     /// A writer for `dir` (created on first write).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), open: HashMap::new(), max_open: 64 }
+        Self {
+            dir: dir.into(),
+            open: HashMap::new(),
+            max_open: 64,
+        }
     }
 
     /// The directory.
@@ -146,19 +164,28 @@ impl TraceFileWriter {
             }
             std::fs::create_dir_all(&self.dir).map_err(|e| TelemetryError::io(&self.dir, e))?;
             let path = trace_file_path(&self.dir, &name);
-            let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| TelemetryError::io(&path, e))?;
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| TelemetryError::io(&path, e))?;
             self.open.insert(name.clone(), BufWriter::new(file));
         }
         let path = trace_file_path(&self.dir, &name);
-        let Some(w) = self.open.get_mut(&name) else { return Ok(()) };
-        w.write_all(line.as_bytes()).and_then(|()| w.write_all(b"\n")).map_err(|e| TelemetryError::io(path, e))
+        let Some(w) = self.open.get_mut(&name) else {
+            return Ok(());
+        };
+        w.write_all(line.as_bytes())
+            .and_then(|()| w.write_all(b"\n"))
+            .map_err(|e| TelemetryError::io(path, e))
     }
 
     /// Closes the file of a finished trace.
     pub fn close(&mut self, trace_id: &str) -> Result<(), TelemetryError> {
         let name = file_key(trace_id);
         if let Some(mut w) = self.open.remove(&name) {
-            w.flush().map_err(|e| TelemetryError::io(trace_file_path(&self.dir, &name), e))?;
+            w.flush()
+                .map_err(|e| TelemetryError::io(trace_file_path(&self.dir, &name), e))?;
         }
         Ok(())
     }
@@ -166,7 +193,8 @@ impl TraceFileWriter {
     /// Flushes every open file.
     pub fn flush(&mut self) -> Result<(), TelemetryError> {
         for (id, w) in &mut self.open {
-            w.flush().map_err(|e| TelemetryError::io(trace_file_path(&self.dir, id), e))?;
+            w.flush()
+                .map_err(|e| TelemetryError::io(trace_file_path(&self.dir, id), e))?;
         }
         Ok(())
     }

@@ -108,7 +108,10 @@ pub struct TurnTracker {
 }
 
 fn outcome(status: &str, next: &str) -> TurnOutcome {
-    TurnOutcome { status: status.into(), next_action: next.into() }
+    TurnOutcome {
+        status: status.into(),
+        next_action: next.into(),
+    }
 }
 
 impl TurnTracker {
@@ -121,7 +124,10 @@ impl TurnTracker {
     }
 
     fn policy(&self) -> TurnPolicy {
-        self.policy.unwrap_or(TurnPolicy { max_turns: None, time_budget_s: None })
+        self.policy.unwrap_or(TurnPolicy {
+            max_turns: None,
+            time_budget_s: None,
+        })
     }
 
     /// Releases records completed by `event` (call before folding it).
@@ -147,21 +153,39 @@ impl TurnTracker {
         let policy = self.policy();
         match &event.kind {
             EventKind::ModelRequested { turn, .. } => self.turn = *turn,
-            EventKind::ModelResponded { turn, message, usage, latency_ms, .. } => {
+            EventKind::ModelResponded {
+                turn,
+                message,
+                usage,
+                latency_ms,
+                ..
+            } => {
                 self.turn = *turn;
                 let first = message.tool_calls().next();
-                let (intent, next) = if first.is_some() { ("call_tool", "call_tool") } else { ("stop", "stop") };
+                let (intent, next) = if first.is_some() {
+                    ("call_tool", "call_tool")
+                } else {
+                    ("stop", "stop")
+                };
                 self.pending.push(TurnRecord {
                     trace_id,
                     turn: *turn,
                     role: TurnRole::Planner,
                     intent: intent.into(),
-                    tool_call: first.map(|c| TurnToolCall { name: c.name.clone(), args_valid: c.parse_arguments().is_ok() }),
+                    tool_call: first.map(|c| TurnToolCall {
+                        name: c.name.clone(),
+                        args_valid: c.parse_arguments().is_ok(),
+                    }),
                     tool_result: None,
                     policy,
                     outcome: outcome("continue", next),
-                    timings: TurnTimings { latency_ms: *latency_ms },
-                    tokens: TurnTokens { input: usage.input_tokens, output: usage.output_tokens },
+                    timings: TurnTimings {
+                        latency_ms: *latency_ms,
+                    },
+                    tokens: TurnTokens {
+                        input: usage.input_tokens,
+                        output: usage.output_tokens,
+                    },
                 });
             }
             EventKind::ModelFailed { turn, .. } => {
@@ -175,7 +199,10 @@ impl TurnTracker {
                     policy,
                     outcome: outcome("failed", "stop"),
                     timings: TurnTimings { latency_ms: 0 },
-                    tokens: TurnTokens { input: 0, output: 0 },
+                    tokens: TurnTokens {
+                        input: 0,
+                        output: 0,
+                    },
                 });
             }
             EventKind::ToolCallFinished { result } => {
@@ -191,16 +218,25 @@ impl TurnTracker {
                     }),
                     tool_result: Some(TurnToolResult {
                         ok: code.is_none(),
-                        err: code.map(|c| c.as_str().to_string()).unwrap_or_else(|| "None".into()),
+                        err: code
+                            .map(|c| c.as_str().to_string())
+                            .unwrap_or_else(|| "None".into()),
                         schema_ok: code != Some(ToolErrorCode::OutputSchemaMismatch),
                     }),
                     policy,
                     outcome: outcome("continue", "call_model"),
-                    timings: TurnTimings { latency_ms: result.outcome.latency_ms },
-                    tokens: TurnTokens { input: 0, output: 0 },
+                    timings: TurnTimings {
+                        latency_ms: result.outcome.latency_ms,
+                    },
+                    tokens: TurnTokens {
+                        input: 0,
+                        output: 0,
+                    },
                 });
             }
-            EventKind::Critique { satisfied, next, .. } => {
+            EventKind::Critique {
+                satisfied, next, ..
+            } => {
                 let (intent, next_action) = match next {
                     CriticNext::Stop => ("stop", "stop"),
                     CriticNext::Clarify => ("ask_user", "ask_user"),
@@ -215,9 +251,15 @@ impl TurnTracker {
                     tool_call: None,
                     tool_result: None,
                     policy,
-                    outcome: outcome(if *satisfied { "satisfied" } else { "continue" }, next_action),
+                    outcome: outcome(
+                        if *satisfied { "satisfied" } else { "continue" },
+                        next_action,
+                    ),
                     timings: TurnTimings { latency_ms: 0 },
-                    tokens: TurnTokens { input: 0, output: 0 },
+                    tokens: TurnTokens {
+                        input: 0,
+                        output: 0,
+                    },
                 });
             }
             _ => {}

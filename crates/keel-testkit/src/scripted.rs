@@ -112,7 +112,10 @@ pub struct ScriptStep {
 impl ScriptStep {
     /// A text-only answer.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { text: Some(text.into()), ..Self::default() }
+        Self {
+            text: Some(text.into()),
+            ..Self::default()
+        }
     }
 
     /// One tool call with JSON arguments.
@@ -133,9 +136,7 @@ impl ScriptStep {
 #[serde(untagged)]
 enum ScriptFile {
     Steps(Vec<ScriptStep>),
-    Object {
-        steps: Vec<ScriptStep>,
-    },
+    Object { steps: Vec<ScriptStep> },
 }
 
 /// Why a script could not be loaded.
@@ -150,7 +151,9 @@ pub enum ScriptLoadError {
         source: std::io::Error,
     },
     /// The file is not a valid script.
-    #[error("invalid script {path}: {source} (expected a JSON list of steps or {{\"steps\": [...]}}; see keel_testkit::scripted docs)")]
+    #[error(
+        "invalid script {path}: {source} (expected a JSON list of steps or {{\"steps\": [...]}}; see keel_testkit::scripted docs)"
+    )]
     Parse {
         /// Path.
         path: String,
@@ -209,10 +212,15 @@ impl ScriptedModel {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ScriptLoadError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ScriptLoadError::Io { path: shown.clone(), source })?;
-        let file: ScriptFile = serde_json::from_str(&text)
-            .map_err(|source| ScriptLoadError::Parse { path: shown.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ScriptLoadError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        let file: ScriptFile =
+            serde_json::from_str(&text).map_err(|source| ScriptLoadError::Parse {
+                path: shown.clone(),
+                source,
+            })?;
         let steps = match file {
             ScriptFile::Steps(steps) | ScriptFile::Object { steps } => steps,
         };
@@ -237,7 +245,9 @@ impl ScriptedModel {
 
     /// Steps not yet consumed.
     pub fn remaining(&self) -> usize {
-        self.steps.len().saturating_sub(self.next.load(Ordering::SeqCst))
+        self.steps
+            .len()
+            .saturating_sub(self.next.load(Ordering::SeqCst))
     }
 
     /// Panics unless every step was consumed. A test assertion helper.
@@ -245,7 +255,10 @@ impl ScriptedModel {
     pub fn assert_consumed(&self) {
         let remaining = self.remaining();
         if remaining > 0 {
-            panic!("scripted model: {remaining} of {} steps were never requested", self.steps.len());
+            panic!(
+                "scripted model: {remaining} of {} steps were never requested",
+                self.steps.len()
+            );
         }
     }
 
@@ -264,7 +277,10 @@ fn check_expectations(expect: &ScriptExpect, request: &RecordedRequest) -> Resul
         .map(|m| m.tool_results().map(|r| r.content.as_str()).collect())
         .unwrap_or_default();
     for needle in &expect.tool_result_contains {
-        if !last_results.iter().any(|content| content.contains(needle.as_str())) {
+        if !last_results
+            .iter()
+            .any(|content| content.contains(needle.as_str()))
+        {
             return Err(format!(
                 "expected a tool result containing {needle:?}; the last message's tool results were {last_results:?}"
             ));
@@ -279,12 +295,17 @@ fn check_expectations(expect: &ScriptExpect, request: &RecordedRequest) -> Resul
         .unwrap_or_default();
     for needle in &expect.last_user_contains {
         if !last_user.contains(needle.as_str()) {
-            return Err(format!("expected the last user message to contain {needle:?}; it was {last_user:?}"));
+            return Err(format!(
+                "expected the last user message to contain {needle:?}; it was {last_user:?}"
+            ));
         }
     }
     for tool in &expect.tools_offered {
         if !request.tools.contains(tool) {
-            return Err(format!("expected tool {tool:?} to be offered; offered: {:?}", request.tools));
+            return Err(format!(
+                "expected tool {tool:?} to be offered; offered: {:?}",
+                request.tools
+            ));
         }
     }
     Ok(())
@@ -306,14 +327,21 @@ fn step_events(index: usize, step: &ScriptStep, estimated_input: u64) -> Vec<Str
             (None, None) => "{}".to_string(),
         };
         output_chars += arguments.len() + call.name.len();
-        let id = call.id.clone().unwrap_or_else(|| format!("call_{index}_{call_index}"));
+        let id = call
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("call_{index}_{call_index}"));
         events.push(StreamEvent::ToolCallDelta {
             index: u32::try_from(call_index).unwrap_or(u32::MAX),
             id: Some(id.clone()),
             name: Some(call.name.clone()),
             arguments_delta: arguments.clone(),
         });
-        events.push(StreamEvent::ToolCall(ToolCall { id, name: call.name.clone(), arguments }));
+        events.push(StreamEvent::ToolCall(ToolCall {
+            id,
+            name: call.name.clone(),
+            arguments,
+        }));
     }
     let usage = step.usage.unwrap_or(Usage {
         input_tokens: estimated_input,
@@ -321,8 +349,15 @@ fn step_events(index: usize, step: &ScriptStep, estimated_input: u64) -> Vec<Str
         ..Usage::default()
     });
     events.push(StreamEvent::Usage(usage));
-    let reason = if step.tool_calls.is_empty() { StopReason::EndTurn } else { StopReason::ToolUse };
-    events.push(StreamEvent::Stop { reason, response_id: Some(format!("scripted_{index}")) });
+    let reason = if step.tool_calls.is_empty() {
+        StopReason::EndTurn
+    } else {
+        StopReason::ToolUse
+    };
+    events.push(StreamEvent::Stop {
+        reason,
+        response_id: Some(format!("scripted_{index}")),
+    });
     events
 }
 

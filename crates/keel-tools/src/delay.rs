@@ -62,8 +62,12 @@ impl Tool for Delay {
     type Output = DelayOutput;
 
     fn spec(&self) -> ToolSpec {
-        ToolSpec::new("delay", "Wait for a number of milliseconds (cancellable).", USAGE)
-            .with_timeout(Duration::from_secs(660))
+        ToolSpec::new(
+            "delay",
+            "Wait for a number of milliseconds (cancellable).",
+            USAGE,
+        )
+        .with_timeout(Duration::from_secs(660))
     }
 
     async fn call(&self, args: DelayArgs, ctx: &ToolContext) -> Result<DelayOutput, ToolError> {

@@ -33,7 +33,9 @@ pub enum ExprError {
 impl fmt::Display for ExprError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Syntax { position, message } => write!(f, "syntax error at {position}: {message}"),
+            Self::Syntax { position, message } => {
+                write!(f, "syntax error at {position}: {message}")
+            }
             Self::DivisionByZero => f.write_str("division by zero"),
             Self::NotFinite => f.write_str("the result is not a finite number"),
             Self::TooDeep => f.write_str("the expression is nested too deeply (limit 64)"),
@@ -51,13 +53,21 @@ struct Parser<'a> {
 
 /// Evaluates an arithmetic expression.
 pub fn evaluate(text: &str) -> Result<f64, ExprError> {
-    let mut parser = Parser { bytes: text.as_bytes(), pos: 0, depth: 0 };
+    let mut parser = Parser {
+        bytes: text.as_bytes(),
+        pos: 0,
+        depth: 0,
+    };
     let value = parser.expr()?;
     parser.skip_ws();
     if parser.pos < parser.bytes.len() {
         return Err(parser.error("unexpected character; expected an operator or the end"));
     }
-    if value.is_finite() { Ok(value) } else { Err(ExprError::NotFinite) }
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(ExprError::NotFinite)
+    }
 }
 
 impl Parser<'_> {
@@ -72,7 +82,10 @@ impl Parser<'_> {
     }
 
     fn error(&self, message: &str) -> ExprError {
-        ExprError::Syntax { position: self.pos, message: message.to_string() }
+        ExprError::Syntax {
+            position: self.pos,
+            message: message.to_string(),
+        }
     }
 
     fn expr(&mut self) -> Result<f64, ExprError> {

@@ -137,7 +137,11 @@ impl Tool for FailureInjection {
         )
         .with_effect(Effect::Idempotent)
         .with_timeout(Duration::from_secs(2))
-        .with_retry(RetryPolicy { max_attempts: 3, base_delay_ms: 10, max_delay_ms: 100 })
+        .with_retry(RetryPolicy {
+            max_attempts: 3,
+            base_delay_ms: 10,
+            max_delay_ms: 100,
+        })
     }
 
     async fn call(
@@ -166,13 +170,19 @@ impl Tool for FailureInjection {
         match args.mode {
             FailureMode::Error => {
                 let code: ToolErrorCode = args.code.unwrap_or(InjectedCode::ToolBug).into();
-                Err(ToolError::new(code, format!("injected failure {call_number} ({code})")))
+                Err(ToolError::new(
+                    code,
+                    format!("injected failure {call_number} ({code})"),
+                ))
             }
             #[allow(clippy::panic)] // Panicking is this mode's whole purpose.
             FailureMode::Panic => panic!("failure_injection: injected panic {call_number}"),
             FailureMode::Hang => {
                 ctx.cancel.cancelled().await;
-                Err(ToolError::new(ToolErrorCode::Cancelled, "hang interrupted by cancellation"))
+                Err(ToolError::new(
+                    ToolErrorCode::Cancelled,
+                    "hang interrupted by cancellation",
+                ))
             }
         }
     }

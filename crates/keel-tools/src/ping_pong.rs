@@ -62,10 +62,18 @@ impl Tool for PingPong {
     type Output = PingPongOutput;
 
     fn spec(&self) -> ToolSpec {
-        ToolSpec::new("ping_pong", "Echo a message back as `pong: <message>`.", USAGE)
+        ToolSpec::new(
+            "ping_pong",
+            "Echo a message back as `pong: <message>`.",
+            USAGE,
+        )
     }
 
-    async fn call(&self, args: PingPongArgs, ctx: &ToolContext) -> Result<PingPongOutput, ToolError> {
+    async fn call(
+        &self,
+        args: PingPongArgs,
+        ctx: &ToolContext,
+    ) -> Result<PingPongOutput, ToolError> {
         let count = args.count.unwrap_or(1);
         if !(1..=10).contains(&count) {
             return Err(ToolError::invalid_input(format!(

@@ -27,19 +27,30 @@ fn require(path: PathBuf, what: &str) -> PathBuf {
 
 /// `node .../server-everything/dist/index.js`
 pub fn everything_js() -> String {
-    let path = peers_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    require(path, "@modelcontextprotocol/server-everything").display().to_string()
+    let path =
+        peers_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    require(path, "@modelcontextprotocol/server-everything")
+        .display()
+        .to_string()
 }
 
 /// `node .../server-filesystem/dist/index.js`
 pub fn filesystem_js() -> String {
-    let path = peers_dir().join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
-    require(path, "@modelcontextprotocol/server-filesystem").display().to_string()
+    let path =
+        peers_dir().join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    require(path, "@modelcontextprotocol/server-filesystem")
+        .display()
+        .to_string()
 }
 
 /// `.../venv/bin/mcp-server-time`
 pub fn time_bin() -> String {
-    require(peers_dir().join("venv/bin/mcp-server-time"), "mcp-server-time (PyPI)").display().to_string()
+    require(
+        peers_dir().join("venv/bin/mcp-server-time"),
+        "mcp-server-time (PyPI)",
+    )
+    .display()
+    .to_string()
 }
 
 /// server-everything over stdio, named `everything`.

@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::{JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, check_worker, ttl_ns};
+use super::{
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, check_worker, ttl_ns,
+};
 
 #[derive(Debug)]
 struct Job {
@@ -58,15 +60,24 @@ fn held<'a>(inner: &'a mut Inner, lease: &Lease) -> Result<&'a mut Job, QueueErr
     inner
         .jobs
         .get_mut(&lease.job_id)
-        .filter(|job| job.state == JobState::Leased && job.token == lease.token && job.expires_at.is_some_and(|at| at > now))
-        .ok_or(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token })
+        .filter(|job| {
+            job.state == JobState::Leased
+                && job.token == lease.token
+                && job.expires_at.is_some_and(|at| at > now)
+        })
+        .ok_or(QueueError::LeaseLost {
+            job_id: lease.job_id,
+            token: lease.token,
+        })
 }
 
 #[async_trait]
 impl RunQueue for MemoryRunQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
         if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument("thread_id must not be empty".into()));
+            return Err(QueueError::InvalidArgument(
+                "thread_id must not be empty".into(),
+            ));
         }
         let mut inner = self.lock();
         if let Some((id, job)) = inner
@@ -128,13 +139,20 @@ impl RunQueue for MemoryRunQueue {
         let mut inner = self.lock();
         let job = held(&mut inner, lease)?;
         job.expires_at = Some(expires_at);
-        Ok(Lease { expires_at, ..lease.clone() })
+        Ok(Lease {
+            expires_at,
+            ..lease.clone()
+        })
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
         let mut inner = self.lock();
         let job = held(&mut inner, lease)?;
-        job.state = if job.rerun { JobState::Queued } else { JobState::Done };
+        job.state = if job.rerun {
+            JobState::Queued
+        } else {
+            JobState::Done
+        };
         job.rerun = false;
         job.expires_at = None;
         Ok(())

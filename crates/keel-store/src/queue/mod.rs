@@ -34,7 +34,9 @@ pub type JobId = i64;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QueueError {
     /// The lease expired or was taken over; the caller must stop driving the run.
-    #[error("lease on job {job_id} (token {token}) is no longer held: it expired or another worker took it over")]
+    #[error(
+        "lease on job {job_id} (token {token}) is no longer held: it expired or another worker took it over"
+    )]
     LeaseLost {
         /// Job.
         job_id: JobId,
@@ -73,7 +75,8 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// snake_case name (as stored).
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
             Self::Leased => "leased",
@@ -86,7 +89,9 @@ impl JobState {
             "queued" => Ok(Self::Queued),
             "leased" => Ok(Self::Leased),
             "done" => Ok(Self::Done),
-            other => Err(QueueError::Backend(format!("stored job state {other:?} is unknown"))),
+            other => Err(QueueError::Backend(format!(
+                "stored job state {other:?} is unknown"
+            ))),
         }
     }
 }
@@ -170,7 +175,9 @@ pub trait RunQueue: Send + Sync {
 pub(crate) fn ttl_ns(ttl: Duration) -> Result<i64, QueueError> {
     let ns = i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX);
     if ns <= 0 {
-        return Err(QueueError::InvalidArgument("lease ttl must be greater than zero".into()));
+        return Err(QueueError::InvalidArgument(
+            "lease ttl must be greater than zero".into(),
+        ));
     }
     Ok(ns)
 }
@@ -181,7 +188,9 @@ pub(crate) fn backend(operation: &str, error: impl std::fmt::Display) -> QueueEr
 
 pub(crate) fn check_worker(worker_id: &str) -> Result<(), QueueError> {
     if worker_id.is_empty() {
-        return Err(QueueError::InvalidArgument("worker_id must not be empty".into()));
+        return Err(QueueError::InvalidArgument(
+            "worker_id must not be empty".into(),
+        ));
     }
     Ok(())
 }

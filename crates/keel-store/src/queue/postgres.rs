@@ -10,7 +10,10 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::{JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker, to_u32, to_u64, ttl_ns};
+use super::{
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker,
+    to_u32, to_u64, ttl_ns,
+};
 use crate::PostgresStore;
 
 fn ttl_micros(ttl: Duration) -> Result<i64, QueueError> {
@@ -27,11 +30,14 @@ fn lease_from_row(row: &PgRow, worker_id: &str) -> Result<Lease, QueueError> {
     Ok(Lease {
         job_id: row.try_get("job_id").map_err(decode)?,
         thread_id: row.try_get("thread_id").map_err(decode)?,
-        payload: serde_json::from_str(&payload).map_err(|e| backend("stored payload does not parse", e))?,
+        payload: serde_json::from_str(&payload)
+            .map_err(|e| backend("stored payload does not parse", e))?,
         worker_id: worker_id.to_string(),
         token: to_u64(row.try_get("lease_token").map_err(decode)?),
         expires_at: row.try_get("lease_expires_at").map_err(decode)?,
-        attempts: to_u32(i64::from(row.try_get::<i32, _>("attempts").map_err(decode)?)),
+        attempts: to_u32(i64::from(
+            row.try_get::<i32, _>("attempts").map_err(decode)?,
+        )),
     })
 }
 
@@ -39,9 +45,12 @@ fn lease_from_row(row: &PgRow, worker_id: &str) -> Result<Lease, QueueError> {
 impl RunQueue for PostgresStore {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
         if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument("thread_id must not be empty".into()));
+            return Err(QueueError::InvalidArgument(
+                "thread_id must not be empty".into(),
+            ));
         }
-        let body = serde_json::to_string(payload).map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
+        let body = serde_json::to_string(payload)
+            .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
         sqlx::query_scalar(
             "INSERT INTO run_queue (thread_id, payload, state) VALUES ($1, $2::text::json, 'queued') \
              ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = EXCLUDED.payload, \
@@ -85,8 +94,14 @@ impl RunQueue for PostgresStore {
         .await
         .map_err(|e| backend("postgres renew", e))?;
         match expires {
-            Some(expires_at) => Ok(Lease { expires_at, ..lease.clone() }),
-            None => Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token }),
+            Some(expires_at) => Ok(Lease {
+                expires_at,
+                ..lease.clone()
+            }),
+            None => Err(QueueError::LeaseLost {
+                job_id: lease.job_id,
+                token: lease.token,
+            }),
         }
     }
 
@@ -115,15 +130,18 @@ impl RunQueue for PostgresStore {
             state: JobState::parse(&state)?,
             worker_id: row.try_get("worker_id").map_err(decode)?,
             token: to_u64(row.try_get("lease_token").map_err(decode)?),
-            attempts: to_u32(i64::from(row.try_get::<i32, _>("attempts").map_err(decode)?)),
+            attempts: to_u32(i64::from(
+                row.try_get::<i32, _>("attempts").map_err(decode)?,
+            )),
         }))
     }
 
     async fn counts(&self) -> Result<QueueCounts, QueueError> {
-        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM run_queue GROUP BY state")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| backend("postgres counts", e))?;
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM run_queue GROUP BY state")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| backend("postgres counts", e))?;
         let mut counts = QueueCounts::default();
         for (state, n) in rows {
             match JobState::parse(&state)? {
@@ -137,7 +155,11 @@ impl RunQueue for PostgresStore {
 }
 
 /// Ends a held lease, moving the job to `next_state` (an SQL expression from this module).
-async fn finish(store: &PostgresStore, lease: &Lease, next_state: &'static str) -> Result<(), QueueError> {
+async fn finish(
+    store: &PostgresStore,
+    lease: &Lease,
+    next_state: &'static str,
+) -> Result<(), QueueError> {
     let sql = format!(
         "UPDATE run_queue SET state = {next_state}, rerun = FALSE, lease_expires_at = NULL, updated_at = now() \
          WHERE job_id = $1 AND lease_token = $2 AND state = 'leased' AND lease_expires_at > now()"
@@ -150,7 +172,10 @@ async fn finish(store: &PostgresStore, lease: &Lease, next_state: &'static str) 
         .map_err(|e| backend("postgres finish lease", e))?
         .rows_affected();
     if done == 0 {
-        return Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token });
+        return Err(QueueError::LeaseLost {
+            job_id: lease.job_id,
+            token: lease.token,
+        });
     }
     Ok(())
 }

@@ -10,7 +10,10 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::{JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker, to_u32, to_u64, ttl_ns};
+use super::{
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker,
+    to_u32, to_u64, ttl_ns,
+};
 use crate::SqliteStore;
 
 fn now_ns() -> i64 {
@@ -23,7 +26,8 @@ fn lease_from_row(row: &SqliteRow, worker_id: &str) -> Result<Lease, QueueError>
     Ok(Lease {
         job_id: row.try_get("job_id").map_err(decode)?,
         thread_id: row.try_get("thread_id").map_err(decode)?,
-        payload: serde_json::from_str(&payload).map_err(|e| backend("stored payload does not parse", e))?,
+        payload: serde_json::from_str(&payload)
+            .map_err(|e| backend("stored payload does not parse", e))?,
         worker_id: worker_id.to_string(),
         token: to_u64(row.try_get("lease_token").map_err(decode)?),
         expires_at: crate::rows::ns_to_ts(row.try_get("lease_expires_at").map_err(decode)?),
@@ -39,9 +43,12 @@ fn token(lease: &Lease) -> i64 {
 impl RunQueue for SqliteStore {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
         if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument("thread_id must not be empty".into()));
+            return Err(QueueError::InvalidArgument(
+                "thread_id must not be empty".into(),
+            ));
         }
-        let body = serde_json::to_string(payload).map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
+        let body = serde_json::to_string(payload)
+            .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
         sqlx::query_scalar(
             "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) VALUES (?1, ?2, 'queued', ?3, ?3) \
              ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = excluded.payload, \
@@ -91,9 +98,15 @@ impl RunQueue for SqliteStore {
         .map_err(|e| backend("sqlite renew", e))?
         .rows_affected();
         if done == 0 {
-            return Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token });
+            return Err(QueueError::LeaseLost {
+                job_id: lease.job_id,
+                token: lease.token,
+            });
         }
-        Ok(Lease { expires_at: crate::rows::ns_to_ts(expires), ..lease.clone() })
+        Ok(Lease {
+            expires_at: crate::rows::ns_to_ts(expires),
+            ..lease.clone()
+        })
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
@@ -126,10 +139,11 @@ impl RunQueue for SqliteStore {
     }
 
     async fn counts(&self) -> Result<QueueCounts, QueueError> {
-        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM run_queue GROUP BY state")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| backend("sqlite counts", e))?;
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM run_queue GROUP BY state")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| backend("sqlite counts", e))?;
         let mut counts = QueueCounts::default();
         for (state, n) in rows {
             match JobState::parse(&state)? {
@@ -143,7 +157,11 @@ impl RunQueue for SqliteStore {
 }
 
 /// Ends a held lease, moving the job to `next_state` (an SQL expression from this module).
-async fn finish(store: &SqliteStore, lease: &Lease, next_state: &'static str) -> Result<(), QueueError> {
+async fn finish(
+    store: &SqliteStore,
+    lease: &Lease,
+    next_state: &'static str,
+) -> Result<(), QueueError> {
     let sql = format!(
         "UPDATE run_queue SET state = {next_state}, rerun = 0, lease_expires_at = NULL, updated_at = ?1 \
          WHERE job_id = ?2 AND lease_token = ?3 AND state = 'leased' AND lease_expires_at > ?1"
@@ -157,7 +175,10 @@ async fn finish(store: &SqliteStore, lease: &Lease, next_state: &'static str) ->
         .map_err(|e| backend("sqlite finish lease", e))?
         .rows_affected();
     if done == 0 {
-        return Err(QueueError::LeaseLost { job_id: lease.job_id, token: lease.token });
+        return Err(QueueError::LeaseLost {
+            job_id: lease.job_id,
+            token: lease.token,
+        });
     }
     Ok(())
 }

