@@ -2,7 +2,7 @@
 //!
 //! Exit codes are part of the interface (see `docs/cli.md`): 0 done, 1 failed, 2 usage
 //! error, 3 clarify_needed, 4 budget_exceeded, 5 unrecoverable_tool_contract,
-//! 10 awaiting approval, 11 awaiting user input, 130 cancelled.
+//! 10 awaiting approval, 130 cancelled.
 
 mod cmd_run;
 mod cmd_tools;

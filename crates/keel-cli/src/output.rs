@@ -103,7 +103,6 @@ pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
     let (end_state, status) = match &outcome.status {
         RunStatus::Ended { end_state } => (json!(end_state), json!("ended")),
         RunStatus::AwaitingApproval { .. } => (serde_json::Value::Null, json!("awaiting_approval")),
-        RunStatus::AwaitingUser { .. } => (serde_json::Value::Null, json!("awaiting_user")),
     };
     let mut usage = json!({
         "input_tokens": outcome.usage.input_tokens,
@@ -125,20 +124,14 @@ pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
         "turns": outcome.turns,
         "tool_calls": outcome.tool_calls,
         "usage": usage,
+        "action_item": outcome.action_item,
+        "alert": outcome.alert,
+        "clarification": outcome.clarification,
     });
     if let Some(map) = object.as_object_mut() {
         match &outcome.status {
             RunStatus::AwaitingApproval { call_id, tool } => {
                 map.insert("awaiting".into(), json!({"call_id": call_id, "tool": tool}));
-            }
-            RunStatus::AwaitingUser {
-                question,
-                missing_fields,
-            } => {
-                map.insert(
-                    "awaiting".into(),
-                    json!({"question": question, "missing_fields": missing_fields}),
-                );
             }
             RunStatus::Ended { .. } => {}
         }
@@ -151,6 +144,5 @@ pub fn exit_code(outcome: &RunOutcome) -> u8 {
     match &outcome.status {
         RunStatus::Ended { end_state } => u8::try_from(end_state.exit_code()).unwrap_or(1),
         RunStatus::AwaitingApproval { .. } => 10,
-        RunStatus::AwaitingUser { .. } => 11,
     }
 }

@@ -145,8 +145,13 @@ fn a_panicking_tool_is_contained() {
         &["failure_injection"],
         "crash please",
     );
-    assert_eq!(code, 0, "{json}");
-    assert_eq!(json["end_state"], "done");
+    // The panic becomes a tool_bug outcome fed back to the model (the script's second step
+    // checks the model saw the error); seed 000's policy then stops the run with an alert
+    // after the model's summary.
+    assert_eq!(code, 1, "{json}");
+    assert_eq!(json["end_state"], "failed");
+    assert_eq!(json["alert"], true);
+    assert_eq!(json["final_text"], "The tool crashed; I reported it.");
     assert_eq!(json["tool_calls"][0]["error_code"], "tool_bug");
     assert!(
         json["tool_calls"][0]["error_message"]

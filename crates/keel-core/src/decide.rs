@@ -69,6 +69,9 @@ pub enum Action<'s> {
     CallModel {
         /// Model call number.
         turn: u32,
+        /// A policy stopped the run: this call only summarizes for the user (tools
+        /// disabled); the run ends after it with the policy's end state.
+        final_summary: bool,
     },
     /// Settle these calls, in this order: run the approved or approval-free ones, report
     /// denied ones to the model as `denied`. Results must be appended in this order.
@@ -115,29 +118,35 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
             Some(format!("model error: {}: {}", error.kind, error.message)),
         );
     }
-    if !run.pending.is_empty() {
-        if let Some(waiting) = run
-            .pending
-            .iter()
-            .find(|p| !p.finished && p.requires_approval && p.approval.is_none())
-        {
-            return Action::AwaitApproval(waiting);
-        }
-        let runnable: Vec<&PendingCall> = run.pending.iter().filter(|p| p.is_runnable()).collect();
-        if !runnable.is_empty() {
-            return Action::ExecuteTools(runnable);
-        }
+    if let Some(waiting) = run
+        .pending
+        .iter()
+        .find(|p| !p.finished && p.requires_approval && p.approval.is_none())
+    {
+        return Action::AwaitApproval(waiting);
     }
     if let Some((question, missing_fields)) = &run.awaiting_user {
-        return Action::AwaitUser {
-            question,
-            missing_fields,
+        return Action::AwaitUser { question, missing_fields };
+    }
+    let runnable: Vec<&PendingCall> = run.pending.iter().filter(|p| p.is_runnable()).collect();
+    if !runnable.is_empty() {
+        return Action::ExecuteTools(runnable);
+    }
+    if let Some((end_state, reason, _)) = &run.policy_stop {
+        let stop = Action::Finish {
+            end_state: *end_state,
+            reason: Some(reason.clone()),
+            final_text: run.final_text.clone(),
+        };
+        return match (run.summary_turn, run.model_outstanding) {
+            (Some(_), false) => stop,
+            (_, true) => Action::CallModel { turn: run.turns.max(1), final_summary: true },
+            (None, false) if run.budget.exceeded(&run.spent(now)).is_some() => stop,
+            (None, false) => Action::CallModel { turn: run.turns.saturating_add(1), final_summary: true },
         };
     }
     if run.model_outstanding {
-        return Action::CallModel {
-            turn: run.turns.max(1),
-        };
+        return Action::CallModel { turn: run.turns.max(1), final_summary: false };
     }
     match state.messages().last() {
         None => finish(EndState::Failed, Some("the conversation is empty".into())),
@@ -156,6 +165,7 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
             },
             None => Action::CallModel {
                 turn: run.turns.saturating_add(1),
+                final_summary: false,
             },
         },
     }

@@ -234,6 +234,17 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         call_id: Option<String>,
     },
+    /// The policy engine decided what follows a failed tool call.
+    PolicyApplied {
+        /// The failed call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// The error code.
+        error_code: crate::outcome::ToolErrorCode,
+        /// The decision.
+        decision: crate::policy::PolicyDecision,
+    },
     /// Free-form note for things like warnings (history trimmed, stream restarted).
     Notice {
         /// Short machine-readable code.
@@ -278,6 +289,7 @@ impl EventKind {
             Self::Compacted { .. } => "compacted",
             Self::Critique { .. } => "critique",
             Self::Retry { .. } => "retry",
+            Self::PolicyApplied { .. } => "policy_applied",
             Self::Notice { .. } => "notice",
             Self::RunEnded { .. } => "run_ended",
         }

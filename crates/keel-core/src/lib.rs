@@ -11,11 +11,16 @@
 
 pub mod budget;
 pub mod cancel;
+pub mod critic;
 pub mod decide;
 pub mod event;
 pub mod message;
 pub mod model;
+pub mod observation;
 pub mod outcome;
+pub mod paging;
+pub mod planner;
+pub mod policy;
 pub mod registry;
 pub mod state;
 pub mod store;
@@ -23,6 +28,7 @@ pub mod tool;
 
 pub use budget::Budget;
 pub use cancel::CancellationToken;
+pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};
 pub use decide::{Action, EndState, decide};
 pub use event::{EVENT_SCHEMA_VERSION, Event, EventKind};
 pub use message::{Message, Part, Role, ToolCall, ToolResult, Usage};
@@ -30,7 +36,11 @@ pub use model::{
     Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, ModelResponse, StopReason,
     StreamEvent, ToolChoice,
 };
+pub use observation::{DefaultNormalizer, Observation, ObservationMode, ObservationNormalizer};
 pub use outcome::{ToolError, ToolErrorCode, ToolOutcome, ToolResultKind};
+pub use paging::{Page, PageRequest, paginate};
+pub use planner::{PlannerAction, PlannerMode};
+pub use policy::{PolicyDecision, PolicyStep, PolicyTable};
 pub use registry::{RegistryError, ToolRegistry};
 pub use state::RunState;
 pub use store::{EventStore, MemoryStore, StoreError};

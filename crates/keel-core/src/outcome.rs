@@ -193,6 +193,10 @@ pub struct ToolOutcome {
     pub attempts: u32,
     /// Wall time from first attempt to final result, in milliseconds.
     pub latency_ms: u64,
+    /// Bounded repairs applied to the tool's output to make it match its output schema
+    /// (e.g. `coerced /count from "3" to 3`). Empty when none were needed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repairs: Vec<String>,
     /// Data or error.
     #[serde(flatten)]
     pub result: ToolResultKind,

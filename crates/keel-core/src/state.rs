@@ -9,6 +9,61 @@ use crate::decide::EndState;
 use crate::event::{Event, EventKind, ModelFailure};
 use crate::message::{Message, Part, Role, ToolCall, ToolResult, Usage};
 
+/// `Notice` code recording a structured-planner answer that was not a valid action.
+pub const INVALID_ACTION_NOTICE: &str = "invalid_action";
+/// `Notice` code recording a valid structured-planner action (resets the re-ask count).
+pub const VALID_ACTION_NOTICE: &str = "valid_action";
+
+/// How many observations and decisions the working memory keeps.
+pub const WORKING_MEMORY_SIZE: usize = 8;
+
+/// The working-memory digest of seed 000 §7: the last K normalized observations and a
+/// short decision log, folded from events.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkingMemory {
+    /// One-line summaries of the latest tool observations, oldest first.
+    pub observations: std::collections::VecDeque<String>,
+    /// The latest decisions (policy, replans, critiques), oldest first.
+    pub decisions: std::collections::VecDeque<String>,
+}
+
+impl WorkingMemory {
+    fn push(list: &mut std::collections::VecDeque<String>, entry: String) {
+        if list.len() >= WORKING_MEMORY_SIZE {
+            list.pop_front();
+        }
+        list.push_back(entry);
+    }
+
+    /// Records an observation.
+    pub fn observe(&mut self, summary: String) {
+        Self::push(&mut self.observations, summary);
+    }
+
+    /// Records a decision.
+    pub fn decide(&mut self, decision: String) {
+        Self::push(&mut self.decisions, decision);
+    }
+
+    /// A bullet-list digest for prompts and summaries.
+    pub fn digest(&self) -> String {
+        let mut out = String::new();
+        if !self.observations.is_empty() {
+            out.push_str("Recent observations:\n");
+            for line in &self.observations {
+                out.push_str(&format!("- {line}\n"));
+            }
+        }
+        if !self.decisions.is_empty() {
+            out.push_str("Decision log:\n");
+            for line in &self.decisions {
+                out.push_str(&format!("- {line}\n"));
+            }
+        }
+        out
+    }
+}
+
 /// A tool call of the latest model answer that is not settled yet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingCall {
@@ -60,6 +115,18 @@ pub struct RunScope {
     pub pending: Vec<PendingCall>,
     /// An unanswered question to the user.
     pub awaiting_user: Option<(String, Vec<String>)>,
+    /// A policy decided to stop the run: (end state, reason, action item).
+    pub policy_stop: Option<(EndState, String, Option<String>)>,
+    /// The model call that summarizes for the user after a policy stop.
+    pub summary_turn: Option<u32>,
+    /// Verdict on the latest final answer: `Some(satisfied)` once critiqued.
+    pub answer_verdict: Option<bool>,
+    /// Final answers a critic rejected in this run.
+    pub critic_rejections: u32,
+    /// Consecutive structured-planner answers that were not a valid action.
+    pub invalid_actions: u32,
+    /// The last observations and decisions, for prompts and summaries.
+    pub working_memory: WorkingMemory,
     /// The model failed for good.
     pub model_failed: Option<ModelFailure>,
     /// Subgoals of the current plan.
@@ -178,6 +245,12 @@ impl RunState {
                     model_outstanding: false,
                     pending: Vec::new(),
                     awaiting_user: None,
+                    policy_stop: None,
+                    summary_turn: None,
+                    answer_verdict: None,
+                    critic_rejections: 0,
+                    invalid_actions: 0,
+                    working_memory: WorkingMemory::default(),
                     model_failed: None,
                     subgoals: Vec::new(),
                     ended: None,
@@ -192,6 +265,9 @@ impl RunState {
                 if let Some(run) = &mut self.run {
                     run.turns = run.turns.max(*turn);
                     run.model_outstanding = true;
+                    if run.policy_stop.is_some() && run.summary_turn.is_none() {
+                        run.summary_turn = Some(*turn);
+                    }
                 }
             }
             EventKind::ModelResponded {
@@ -204,6 +280,7 @@ impl RunState {
                 self.messages.push(message.clone());
                 if let Some(run) = &mut self.run {
                     run.model_outstanding = false;
+                    run.answer_verdict = None;
                     run.usage.add(usage);
                     if let Some(cost) = cost_usd {
                         run.cost_usd += cost;
@@ -276,6 +353,7 @@ impl RunState {
             }
             EventKind::Replanned { subgoals } => {
                 if let Some(run) = &mut self.run {
+                    run.working_memory.decide(format!("replanned: {}", subgoals.join("; ")));
                     run.subgoals.clone_from(subgoals);
                 }
             }
@@ -303,7 +381,52 @@ impl RunState {
                     pending.approval_requested = true;
                 }
             }
-            EventKind::Critique { .. } | EventKind::Retry { .. } | EventKind::Notice { .. } => {}
+            EventKind::Critique { satisfied, .. } => {
+                let is_final_answer = self
+                    .messages
+                    .last()
+                    .is_some_and(|m| m.role == Role::Assistant && m.tool_calls().next().is_none());
+                if let Some(run) = &mut self.run
+                    && is_final_answer
+                {
+                    run.working_memory.decide(format!(
+                        "critic: final answer {}",
+                        if *satisfied { "accepted" } else { "rejected" }
+                    ));
+                    run.answer_verdict = Some(*satisfied);
+                    if !satisfied {
+                        run.critic_rejections = run.critic_rejections.saturating_add(1);
+                    }
+                }
+            }
+            EventKind::PolicyApplied { decision, tool, error_code, .. } => {
+                if let Some(run) = &mut self.run {
+                    let action = match decision {
+                        crate::policy::PolicyDecision::Fallback { tool } => format!("fall back to `{tool}`"),
+                        crate::policy::PolicyDecision::AskUser { .. } => "ask the user".to_string(),
+                        crate::policy::PolicyDecision::ReturnToModel => "return the error to the model".to_string(),
+                        crate::policy::PolicyDecision::Stop { end_state, .. } => format!("stop ({end_state})"),
+                    };
+                    run.working_memory.decide(format!("`{tool}` failed with {error_code}: {action}"));
+                }
+                if let Some(run) = &mut self.run
+                    && let crate::policy::PolicyDecision::Stop { end_state, reason, action_item, .. } =
+                        decision
+                    && run.policy_stop.is_none()
+                {
+                    run.policy_stop = Some((*end_state, reason.clone(), action_item.clone()));
+                }
+            }
+            EventKind::Notice { code, .. } => {
+                if let Some(run) = &mut self.run {
+                    if code == INVALID_ACTION_NOTICE {
+                        run.invalid_actions = run.invalid_actions.saturating_add(1);
+                    } else if code == VALID_ACTION_NOTICE {
+                        run.invalid_actions = 0;
+                    }
+                }
+            }
+            EventKind::Retry { .. } => {}
         }
     }
 
@@ -323,6 +446,14 @@ impl RunState {
             return;
         }
         pending.finished = true;
+        if let Some(run) = &mut self.run {
+            if result.name == crate::planner::ASK_USER {
+                run.awaiting_user = None;
+            }
+            use crate::observation::ObservationNormalizer;
+            let observation = crate::observation::DefaultNormalizer.normalize(&result.outcome);
+            run.working_memory.observe(observation.summary);
+        }
         let part = Part::ToolResult(result.clone());
         match self
             .open_results_message

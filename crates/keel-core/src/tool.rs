@@ -455,6 +455,12 @@ pub trait DynTool: Send + Sync {
         args: Value,
         ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<Value, ToolError>>;
+
+    /// The tool's own observation of an outcome, when it knows its output better than the
+    /// default normalizer does.
+    fn normalize(&self, _outcome: &crate::outcome::ToolOutcome) -> Option<crate::observation::Observation> {
+        None
+    }
 }
 
 /// Generates the JSON Schema for `T` in the form providers accept (no `$schema`, no title).

@@ -78,6 +78,7 @@ fn result_for(call: &ToolCall, ok: bool) -> EventKind {
         run_id: "run".into(),
         attempts: 1,
         latency_ms: 1,
+        repairs: Vec::new(),
         result: if ok {
             ToolResultKind::Ok {
                 data: serde_json::json!({"v": 1}),
@@ -126,7 +127,7 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
     for _ in 0..10_000 {
         let action = decide(&sim.state, sim.now);
         match action {
-            Action::CallModel { turn } => {
+            Action::CallModel { turn, .. } => {
                 model_calls += 1;
                 sim.push(EventKind::ModelRequested {
                     turn,
@@ -377,7 +378,7 @@ fn wall_clock_budget_ends_the_run() {
     ));
     assert!(matches!(
         decide(&state, start),
-        Action::CallModel { turn: 1 }
+        Action::CallModel { turn: 1, .. }
     ));
     match decide(&state, start + Duration::seconds(2)) {
         Action::Finish {

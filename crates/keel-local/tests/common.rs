@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use futures::StreamExt;
-use keel_core::{Model, ModelRequest, ModelResponse, ResponseAssembler, StreamEvent};
+use keel_core::model::ResponseAssembler;
+use keel_core::{Model, ModelRequest, ModelResponse, StreamEvent};
 use keel_local::{LocalModel, LocalModelOptions};
 
 /// The default model's path, or a failure saying how to fetch it.

@@ -112,6 +112,7 @@ async fn calculator_question_makes_a_schema_valid_call_then_answers() {
                 run_id: "run_test".into(),
                 attempts: 1,
                 latency_ms: 1,
+                repairs: Vec::new(),
                 result: ToolResultKind::Ok {
                     data: json!(value),
                     schema_validated: true,

@@ -9,256 +9,39 @@
 //! HTTP servers answer an unknown session-less request with an uncorrelated error), the
 //! connection is retried once with a plain `initialize` handshake.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use keel_core::{ToolContext, ToolError, ToolErrorCode, ToolSpec};
-#[allow(deprecated)]
-use rmcp::model::LoggingMessageNotificationParam;
+use keel_core::{ToolContext, ToolError, ToolErrorCode};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientRequest, Implementation, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, PingRequest,
+    ProtocolVersion, ServerResult,
 };
-use rmcp::service::{
-    ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
-    RunningService,
-};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, PeerRequestOptions, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, RoleClient, ServiceError};
+use rmcp::{RoleClient, ServiceError};
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::broadcast;
 
 use crate::config::{McpServerConfig, McpTransport, expand_env};
-use crate::convert::{
-    classify_jsonrpc_error, map_call_result, proxied_tool_name, spec_from_mcp_tool,
+use crate::convert::{classify_jsonrpc_error, map_call_result};
+use crate::handler::{
+    Catalog, Handler, RemoteTool, STDERR_TAIL_LINES, Shared, fetch_catalog, lock, progress_key,
+    read, write,
 };
 use crate::notice::{McpNotice, McpServerState, McpServerStatus};
 
-/// Most pages of `tools/list` followed before giving up (a server looping on cursors).
-const MAX_LIST_PAGES: usize = 100;
-/// Lines of a stdio server's stderr kept for error messages.
-const STDERR_TAIL_LINES: usize = 20;
 /// Upper bound of the reconnect backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a liveness ping after a timed-out call may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// First non-zero reconnect delay.
 const BASE_BACKOFF: Duration = Duration::from_millis(250);
-
-/// A tool offered by a server, with its Keel spec.
-#[derive(Debug)]
-pub(crate) struct RemoteTool {
-    pub remote_name: String,
-    pub spec: ToolSpec,
-}
-
-#[derive(Default)]
-struct Catalog {
-    tools: Vec<Arc<RemoteTool>>,
-    skipped: Vec<String>,
-}
-
-/// State shared between the connection and rmcp's notification handler.
-pub(crate) struct Shared {
-    pub server: String,
-    notices: broadcast::Sender<McpNotice>,
-    progress: Mutex<HashMap<String, (String, String)>>,
-    catalog: RwLock<Catalog>,
-    stderr_tail: Mutex<VecDeque<String>>,
-    call_timeout: Duration,
-}
-
-impl Shared {
-    fn notify(&self, notice: McpNotice) {
-        // No subscriber is fine: notices are best-effort.
-        let _ = self.notices.send(notice);
-    }
-
-    fn set_catalog(&self, catalog: Catalog) -> bool {
-        let mut guard = write(&self.catalog);
-        let before: Vec<&str> = guard.tools.iter().map(|t| t.spec.name.as_str()).collect();
-        let after: Vec<&str> = catalog.tools.iter().map(|t| t.spec.name.as_str()).collect();
-        let changed = before != after
-            || guard
-                .tools
-                .iter()
-                .zip(&catalog.tools)
-                .any(|(a, b)| a.spec != b.spec);
-        *guard = catalog;
-        changed
-    }
-
-    pub(crate) fn tools(&self) -> Vec<Arc<RemoteTool>> {
-        read(&self.catalog).tools.clone()
-    }
-
-    fn tool_names(&self) -> Vec<String> {
-        read(&self.catalog)
-            .tools
-            .iter()
-            .map(|t| t.spec.name.clone())
-            .collect()
-    }
-
-    fn stderr_tail(&self) -> String {
-        let tail = lock(&self.stderr_tail);
-        if tail.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; stderr: {}",
-                tail.iter().cloned().collect::<Vec<_>>().join(" | ")
-            )
-        }
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn progress_key(token: &ProgressToken) -> String {
-    serde_json::to_string(&token.0).unwrap_or_default()
-}
-
-/// rmcp's client handler: forwards progress and logs, refreshes the catalog on
-/// `notifications/tools/list_changed`.
-#[derive(Clone)]
-pub(crate) struct Handler {
-    shared: Arc<Shared>,
-}
-
-impl ClientHandler for Handler {
-    fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("keel", env!("CARGO_PKG_VERSION")),
-        )
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let target = lock(&self.shared.progress)
-            .get(&progress_key(&params.progress_token))
-            .cloned();
-        if let Some((tool, call_id)) = target {
-            self.shared.notify(McpNotice::Progress {
-                server: self.shared.server.clone(),
-                tool,
-                call_id,
-                progress: params.progress,
-                total: params.total,
-                message: params.message,
-            });
-        }
-    }
-
-    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
-        let shared = Arc::clone(&self.shared);
-        let peer = context.peer;
-        tokio::spawn(async move {
-            let timeout = shared.call_timeout;
-            match tokio::time::timeout(timeout, fetch_catalog(&peer, &shared)).await {
-                Ok(Ok(catalog)) => {
-                    shared.set_catalog(catalog);
-                    shared.notify(McpNotice::ToolsChanged {
-                        server: shared.server.clone(),
-                        tools: shared.tool_names(),
-                    });
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(server = %shared.server, %error, "refreshing MCP tool list failed");
-                }
-                Err(_) => {
-                    tracing::warn!(server = %shared.server, "refreshing MCP tool list timed out");
-                }
-            }
-        });
-    }
-
-    // Logging is deprecated by SEP-2577 (2026-07-28) but still sent by 2025-11-25 servers.
-    #[allow(deprecated)]
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let level = serde_json::to_value(params.level)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_else(|| "info".into());
-        self.shared.notify(McpNotice::Log {
-            server: self.shared.server.clone(),
-            level,
-            logger: params.logger,
-            data: params.data,
-        });
-    }
-}
-
-/// Lists every tool (following `nextCursor`) and wraps each one.
-async fn fetch_catalog(peer: &Peer<RoleClient>, shared: &Shared) -> Result<Catalog, String> {
-    let mut raw = Vec::new();
-    let mut cursor = None;
-    for _ in 0..MAX_LIST_PAGES {
-        let mut params = PaginatedRequestParams::default();
-        params.cursor = cursor;
-        let page = peer
-            .list_tools(Some(params))
-            .await
-            .map_err(|e| format!("tools/list failed: {e}"))?;
-        raw.extend(page.tools);
-        cursor = page.next_cursor;
-        if cursor.is_none() {
-            break;
-        }
-    }
-    let mut catalog = Catalog::default();
-    let mut used = BTreeSet::new();
-    for tool in raw {
-        let value = serde_json::to_value(&tool).unwrap_or(Value::Null);
-        let remote_name = tool.name.to_string();
-        let mut name = proxied_tool_name(&shared.server, &remote_name);
-        let mut suffix = 2;
-        while used.contains(&name) {
-            let tail = format!("_{suffix}");
-            let base: String = name.chars().take(64 - tail.len()).collect();
-            name = format!("{}{tail}", base.trim_end_matches('_'));
-            suffix += 1;
-        }
-        let spec = spec_from_mcp_tool(&name, &shared.server, &value, shared.call_timeout);
-        let problems = spec.contract_violations();
-        if !problems.is_empty() {
-            catalog
-                .skipped
-                .push(format!("{remote_name}: {}", problems.join("; ")));
-            continue;
-        }
-        used.insert(name);
-        catalog
-            .tools
-            .push(Arc::new(RemoteTool { remote_name, spec }));
-    }
-    catalog.tools.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
-    Ok(catalog)
-}
 
 struct Live {
     service: RunningService<RoleClient, Handler>,
@@ -350,7 +133,7 @@ impl Connection {
         notices: broadcast::Sender<McpNotice>,
         error: String,
     ) -> Arc<Self> {
-        let conn = Arc::new(Self {
+        Arc::new(Self {
             shared: Arc::new(Shared {
                 server: config.name.clone(),
                 notices,
@@ -368,8 +151,7 @@ impl Connection {
             }),
             reconnect: tokio::sync::Mutex::new(Backoff::default()),
             generation: AtomicU64::new(0),
-        });
-        conn
+        })
     }
 
     pub(crate) fn status(&self) -> McpServerStatus {
@@ -701,11 +483,23 @@ impl Connection {
             let notice = CancelledNotificationParam::new(Some(request_id), Some(reason.into()));
             let _ =
                 tokio::time::timeout(Duration::from_secs(2), peer.notify_cancelled(notice)).await;
-            return Err(if cancelled {
-                cancelled_error()
-            } else {
-                timeout_error()
+            if cancelled {
+                return Err(cancelled_error());
+            }
+            // A slow tool or a dead connection? Probe in the background; if the server does
+            // not answer a ping, reconnect so the next call does not hang as well.
+            let conn = Arc::clone(self);
+            let generation = live.generation;
+            tokio::spawn(async move {
+                let ping = ClientRequest::PingRequest(PingRequest::default());
+                let probe = tokio::time::timeout(PROBE_TIMEOUT, peer.send_request(ping)).await;
+                // An error *answer* (e.g. a revision without ping) still proves liveness.
+                let alive = matches!(probe, Ok(Ok(_) | Err(ServiceError::McpError(_))));
+                if !alive {
+                    conn.mark_lost(generation, "no answer to ping after a call timed out");
+                }
             });
+            return Err(timeout_error());
         };
         match response {
             Ok(ServerResult::CallToolResult(result)) => {
@@ -741,13 +535,13 @@ impl Connection {
             Err(ServiceError::Timeout { .. }) => Err(timeout_error()),
             Err(ServiceError::Cancelled { .. }) => Err(cancelled_error()),
             Err(error @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
-                if let Some(status) = http_status(&error) {
-                    if let Some(code) = ToolErrorCode::from_http_status(status) {
-                        return Err(ToolError::new(
-                            code,
-                            format!("MCP server `{server}`: HTTP {status}"),
-                        ));
-                    }
+                if let Some(status) = http_status(&error)
+                    && let Some(code) = ToolErrorCode::from_http_status(status)
+                {
+                    return Err(ToolError::new(
+                        code,
+                        format!("MCP server `{server}`: HTTP {status}"),
+                    ));
                 }
                 self.mark_lost(live.generation, &error.to_string());
                 Err(lost_error(&server, &error))

@@ -18,6 +18,7 @@
 mod config;
 mod connection;
 pub mod convert;
+mod handler;
 mod manager;
 mod notice;
 mod server;

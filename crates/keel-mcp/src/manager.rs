@@ -10,8 +10,9 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use crate::config::McpServerConfig;
-use crate::connection::{Connection, RemoteTool};
+use crate::connection::Connection;
 use crate::convert::proxied_tool_name;
+use crate::handler::RemoteTool;
 use crate::notice::{McpNotice, McpServerStatus};
 
 /// Capacity of the notice channel; slow subscribers lose the oldest notices.

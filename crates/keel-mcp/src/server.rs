@@ -188,10 +188,11 @@ impl ServerHandler for KeelMcpServer {
             .map(|spec| mcp_tool_for_spec(spec))
             .collect();
         let end = start + page.len();
-        let mut result = ListToolsResult::default();
-        result.tools = page;
-        result.next_cursor = (end < specs.len()).then(|| end.to_string());
-        Ok(result)
+        Ok(ListToolsResult {
+            tools: page,
+            next_cursor: (end < specs.len()).then(|| end.to_string()),
+            ..ListToolsResult::default()
+        })
     }
 
     async fn call_tool(

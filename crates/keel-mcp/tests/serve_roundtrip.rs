@@ -298,10 +298,10 @@ fn main() {
         println!("serve_roundtrip: test");
         return;
     }
-    if let Some(filter) = args.iter().find(|a| !a.starts_with('-')) {
-        if !"serve_roundtrip".contains(filter.as_str()) {
-            return;
-        }
+    if let Some(filter) = args.iter().find(|a| !a.starts_with('-'))
+        && !"serve_roundtrip".contains(filter.as_str())
+    {
+        return;
     }
     runtime.block_on(async {
         round_trip_with_keel_client().await;

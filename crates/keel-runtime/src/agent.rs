@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_core::{Budget, Message, Model, ToolChoice, ToolDefinition, ToolRegistry};
+use keel_core::observation::{DefaultNormalizer, ObservationMode, ObservationNormalizer};
+use keel_core::planner::{self, PlannerMode};
+use keel_core::{Budget, Critic, Message, Model, PolicyTable, ToolChoice, ToolDefinition, ToolRegistry};
 
 use crate::context::RunContext;
 use crate::executor::ToolExecutor;
@@ -25,6 +27,14 @@ pub struct Agent {
     pub(crate) temperature: Option<f32>,
     pub(crate) max_output_tokens: Option<u32>,
     pub(crate) stream_idle_timeout: Duration,
+    pub(crate) policy: PolicyTable,
+    pub(crate) observation_mode: ObservationMode,
+    pub(crate) normalizer: Arc<dyn ObservationNormalizer>,
+    pub(crate) critic: Option<Arc<dyn Critic>>,
+    pub(crate) max_critic_rejections: u32,
+    pub(crate) planner_mode: PlannerMode,
+    pub(crate) max_invalid_actions: u32,
+    pub(crate) action_schema: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -51,6 +61,14 @@ impl Agent {
             temperature: None,
             max_output_tokens: None,
             stream_idle_timeout: Duration::from_secs(300),
+            policy: PolicyTable::default(),
+            observation_mode: ObservationMode::Raw,
+            normalizer: Arc::new(DefaultNormalizer),
+            critic: None,
+            max_critic_rejections: 2,
+            planner_mode: PlannerMode::Native,
+            control_tools: true,
+            max_invalid_actions: 2,
         }
     }
 
@@ -77,6 +95,11 @@ impl Agent {
     /// The budget of each run.
     pub fn budget(&self) -> Budget {
         self.budget
+    }
+
+    /// The tool definitions sent to the model (tools plus control tools in native mode).
+    pub fn tool_definitions(&self) -> &[ToolDefinition] {
+        &self.tool_definitions
     }
 
     /// Starts a run on `thread` with `new_messages` and drives it until it ends or pauses.
@@ -111,9 +134,67 @@ pub struct AgentBuilder {
     temperature: Option<f32>,
     max_output_tokens: Option<u32>,
     stream_idle_timeout: Duration,
+    policy: PolicyTable,
+    observation_mode: ObservationMode,
+    normalizer: Arc<dyn ObservationNormalizer>,
+    critic: Option<Arc<dyn Critic>>,
+    max_critic_rejections: u32,
+    planner_mode: PlannerMode,
+    control_tools: bool,
+    max_invalid_actions: u32,
 }
 
 impl AgentBuilder {
+    /// The policy table deciding what follows a failed tool call (default: seed 000's).
+    pub fn policy(mut self, policy: PolicyTable) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// What the model sees of tool results: raw, normalized observation, or both.
+    pub fn observation_mode(mut self, mode: ObservationMode) -> Self {
+        self.observation_mode = mode;
+        self
+    }
+
+    /// The normalizer for tools that do not normalize their own outcomes.
+    pub fn normalizer(mut self, normalizer: Arc<dyn ObservationNormalizer>) -> Self {
+        self.normalizer = normalizer;
+        self
+    }
+
+    /// A critic called after each observation and on the final answer.
+    pub fn critic(mut self, critic: Arc<dyn Critic>) -> Self {
+        self.critic = Some(critic);
+        self
+    }
+
+    /// How many times an unsatisfied final answer goes back to the model (default 2);
+    /// after that the run fails with the critic's gaps.
+    pub fn max_critic_rejections(mut self, rejections: u32) -> Self {
+        self.max_critic_rejections = rejections;
+        self
+    }
+
+    /// Native tool calling (default) or one structured JSON action per turn.
+    pub fn planner_mode(mut self, mode: PlannerMode) -> Self {
+        self.planner_mode = mode;
+        self
+    }
+
+    /// Whether the built-in `ask_user` and `replan` control tools are offered (native
+    /// mode; default true).
+    pub fn control_tools(mut self, enabled: bool) -> Self {
+        self.control_tools = enabled;
+        self
+    }
+
+    /// How many invalid structured actions are re-asked before the run fails (default 2).
+    pub fn max_invalid_actions(mut self, reasks: u32) -> Self {
+        self.max_invalid_actions = reasks;
+        self
+    }
+
     /// Instructions (the top of the system prompt).
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.instructions = instructions.into();
@@ -159,16 +240,43 @@ impl AgentBuilder {
     /// Builds the agent.
     pub fn build(self) -> Agent {
         let mut system_prompt = self.instructions.trim().to_string();
-        if !self.tools.is_empty() {
+        let mut push_section = |section: &str| {
             if !system_prompt.is_empty() {
                 system_prompt.push_str("\n\n");
             }
-            system_prompt.push_str(&self.tools.render_guidance());
-        }
+            system_prompt.push_str(section.trim_end());
+        };
+        let tool_names: Vec<&str> = self.tools.names().collect();
+        let (tool_definitions, action_schema) = match self.planner_mode {
+            PlannerMode::Native => {
+                if !self.tools.is_empty() {
+                    push_section(&self.tools.render_guidance());
+                }
+                let mut definitions = self.tools.definitions();
+                if self.control_tools {
+                    push_section(planner::CONTROL_TOOLS_GUIDANCE);
+                    definitions.extend(planner::control_tool_definitions());
+                }
+                (definitions, None)
+            }
+            PlannerMode::Structured => {
+                if !self.tools.is_empty() {
+                    push_section(&self.tools.render_guidance());
+                    let schemas: Vec<String> = self
+                        .tools
+                        .specs()
+                        .map(|spec| format!("- {}: args schema {}", spec.name, spec.input_schema))
+                        .collect();
+                    push_section(&format!("Tool argument schemas:\n{}", schemas.join("\n")));
+                }
+                push_section(&planner::structured_prompt(&tool_names));
+                (Vec::new(), Some(planner::action_schema(&tool_names)))
+            }
+        };
         Agent {
             name: self.name,
             executor: ToolExecutor::new(&self.tools),
-            tool_definitions: self.tools.definitions(),
+            tool_definitions,
             tools: self.tools,
             model: self.model,
             system_prompt,
@@ -177,6 +285,14 @@ impl AgentBuilder {
             temperature: self.temperature,
             max_output_tokens: self.max_output_tokens,
             stream_idle_timeout: self.stream_idle_timeout,
+            policy: self.policy,
+            observation_mode: self.observation_mode,
+            normalizer: self.normalizer,
+            critic: self.critic,
+            max_critic_rejections: self.max_critic_rejections,
+            planner_mode: self.planner_mode,
+            max_invalid_actions: self.max_invalid_actions,
+            action_schema,
         }
     }
 }

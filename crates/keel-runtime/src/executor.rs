@@ -120,6 +120,11 @@ impl ToolExecutor {
         self
     }
 
+    /// A tool by name.
+    pub fn tool(&self, name: &str) -> Option<&Arc<dyn DynTool>> {
+        self.tools.get(name).map(|t| &t.tool)
+    }
+
     /// The spec of a tool.
     pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.get(name).map(|t| t.tool.spec())
@@ -129,7 +134,8 @@ impl ToolExecutor {
     pub async fn execute(&self, call: &ToolCall, env: CallEnv<'_>) -> Execution {
         let started = Instant::now();
         let mut retries = Vec::new();
-        let (result, attempts) = self.execute_inner(call, env, &mut retries).await;
+        let mut repairs = Vec::new();
+        let (result, attempts) = self.execute_inner(call, env, &mut retries, &mut repairs).await;
         let outcome = ToolOutcome {
             tool: call.name.clone(),
             call_id: call.id.clone(),
@@ -137,6 +143,7 @@ impl ToolExecutor {
             run_id: env.run_id.to_string(),
             attempts,
             latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            repairs,
             result,
         };
         Execution { outcome, retries }
@@ -147,6 +154,7 @@ impl ToolExecutor {
         call: &ToolCall,
         env: CallEnv<'_>,
         retries: &mut Vec<RetryRecord>,
+        repairs: &mut Vec<String>,
     ) -> (ToolResultKind, u32) {
         let Some(compiled) = self.tools.get(&call.name) else {
             let error = ToolError::new(
@@ -198,7 +206,7 @@ impl ToolExecutor {
             attempt += 1;
             let result = self.attempt(compiled, args.clone(), call, env).await;
             let error = match result {
-                Ok(data) => return (self.check_output(compiled, data), attempt),
+                Ok(data) => return (self.check_output(compiled, data, repairs), attempt),
                 Err(error) => error,
             };
             if !error.code.is_retryable() || attempt >= max_attempts || env.cancel.is_cancelled() {
@@ -282,26 +290,42 @@ impl ToolExecutor {
         }
     }
 
-    fn check_output(&self, compiled: &CompiledTool, data: Value) -> ToolResultKind {
+    /// Validates output against the output schema, applying bounded repair when it does
+    /// not match, then caps the payload.
+    fn check_output(&self, compiled: &CompiledTool, mut data: Value, repairs: &mut Vec<String>) -> ToolResultKind {
         let spec = compiled.tool.spec();
-        let schema_validated = match &compiled.output {
-            Some(validator) => {
-                if let Some(error) = schema_errors(validator, &data, "output") {
-                    return error_kind(error.prefixed(&format!(
-                        "`{}` returned output that does not match its output schema",
-                        spec.name
-                    )));
+        let schema_validated = match (&compiled.output, &spec.output_schema) {
+            (Some(validator), Some(schema)) => {
+                if schema_errors(validator, &data, "output").is_some() {
+                    let mut repaired = data.clone();
+                    let applied = crate::repair::repair(&mut repaired, schema);
+                    let still_wrong = schema_errors(validator, &repaired, "output");
+                    match still_wrong {
+                        None if crate::repair::within_bounds(&applied) && !applied.is_empty() => {
+                            data = repaired;
+                            repairs.extend(applied);
+                        }
+                        _ => {
+                            let error = schema_errors(validator, &data, "output")
+                                .unwrap_or_else(|| ToolError::new(ToolErrorCode::OutputSchemaMismatch, "output does not match"));
+                            let error = error.prefixed(&format!(
+                                "`{}` returned output that does not match its output schema (not repairable)",
+                                spec.name
+                            ));
+                            let mut details = error.details.clone().unwrap_or(Value::Null);
+                            if let Some(map) = details.as_object_mut() {
+                                map.insert("attempted_repairs".into(), serde_json::json!(applied));
+                            }
+                            return error_kind(ToolError { details: Some(details), ..error });
+                        }
+                    }
                 }
                 true
             }
-            None => false,
+            _ => false,
         };
         let (data, truncated) = cap_payload(data, spec.max_payload_bytes, &spec.name);
-        ToolResultKind::Ok {
-            data,
-            schema_validated,
-            truncated,
-        }
+        ToolResultKind::Ok { data, schema_validated, truncated }
     }
 
     /// Executes the calls of one model turn concurrently and yields their executions in

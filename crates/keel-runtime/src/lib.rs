@@ -16,6 +16,7 @@ pub mod context;
 pub mod executor;
 pub mod journal;
 pub mod outcome;
+pub mod repair;
 pub mod runner;
 pub mod thread;
 
@@ -25,5 +26,5 @@ pub use context::{
     RunContext, RunObserver, UserInputSource,
 };
 pub use executor::ToolExecutor;
-pub use outcome::{RunError, RunOutcome, ToolCallSummary};
+pub use outcome::{Clarification, RunError, RunOutcome, RunStatus, ToolCallSummary};
 pub use thread::Thread;

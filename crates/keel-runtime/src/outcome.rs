@@ -45,13 +45,6 @@ pub enum RunStatus {
         /// Its tool.
         tool: String,
     },
-    /// The run waits for the user's answer.
-    AwaitingUser {
-        /// The question.
-        question: String,
-        /// Fields the agent cannot know.
-        missing_fields: Vec<String>,
-    },
 }
 
 /// One tool call of the run, as reported in `--output json`.
@@ -99,6 +92,22 @@ pub struct RunOutcome {
     pub cost_usd: Option<f64>,
     /// The trace id of the run.
     pub trace_id: String,
+    /// What the user must do, when a policy stopped the run for a reason only they can fix
+    /// (credentials, permissions).
+    pub action_item: Option<String>,
+    /// Whether the run stopped on an alert-worthy tool bug.
+    pub alert: bool,
+    /// The open question, when the run ended `clarify_needed`.
+    pub clarification: Option<Clarification>,
+}
+
+/// A question the agent asked the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clarification {
+    /// The question.
+    pub question: String,
+    /// Fields only the user can provide.
+    pub missing_fields: Vec<String>,
 }
 
 impl RunOutcome {
@@ -131,6 +140,9 @@ impl RunOutcome {
                 .first()
                 .map(|e| e.trace_id.clone())
                 .unwrap_or_default(),
+            action_item: None,
+            alert: false,
+            clarification: None,
         };
         let mut arguments: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for event in events.iter().filter(|e| e.run_id == run_id) {
@@ -155,6 +167,9 @@ impl RunOutcome {
                     }
                 }
                 EventKind::ToolCallFinished { result } => {
+                    if result.name == keel_core::planner::ASK_USER && result.outcome.is_ok() {
+                        outcome.clarification = None;
+                    }
                     let raw = arguments
                         .get(result.call_id.as_str())
                         .copied()
@@ -178,6 +193,22 @@ impl RunOutcome {
                         latency_ms: result.outcome.latency_ms,
                     });
                 }
+                EventKind::PolicyApplied {
+                    decision: keel_core::PolicyDecision::Stop { action_item, alert, .. },
+                    ..
+                } => {
+                    if action_item.is_some() {
+                        outcome.action_item.clone_from(action_item);
+                    }
+                    outcome.alert |= *alert;
+                }
+                EventKind::UserAsked { question, missing_fields } => {
+                    outcome.clarification = Some(Clarification {
+                        question: question.clone(),
+                        missing_fields: missing_fields.clone(),
+                    });
+                }
+                EventKind::UserAnswered { .. } => outcome.clarification = None,
                 EventKind::RunEnded {
                     reason, final_text, ..
                 } => {

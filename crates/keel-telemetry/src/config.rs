@@ -44,6 +44,11 @@ pub struct TelemetryConfig {
     pub export_interval_ms: u64,
     /// Events queued for the background worker before new ones are dropped (counted).
     pub queue_capacity: usize,
+    /// Also export the GenAI metrics (`gen_ai.client.token.usage`,
+    /// `gen_ai.client.operation.duration`, `keel.tool.duration`) to `endpoint`.
+    pub metrics: bool,
+    /// How often metrics are exported, in milliseconds.
+    pub metrics_interval_ms: u64,
     /// Directory of per-trace JSONL files; `None` disables trace files.
     pub trace_dir: Option<PathBuf>,
     /// Put message text, tool arguments and results on spans (opt-in; redacted either way).
@@ -66,6 +71,8 @@ impl Default for TelemetryConfig {
             max_batch_size: 512,
             export_interval_ms: 1_000,
             queue_capacity: 65_536,
+            metrics: true,
+            metrics_interval_ms: 60_000,
             trace_dir: Some(PathBuf::from(".keel/traces")),
             capture_content: false,
             redaction: RedactionConfig::default(),

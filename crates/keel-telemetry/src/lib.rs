@@ -13,6 +13,7 @@
 //! thread), must not let a secret or personal datum reach a log, trace file or exporter
 //! unredacted, and must not depend on anything above `keel-core`.
 
+mod assembler;
 pub mod config;
 pub mod error;
 pub mod export;
@@ -21,6 +22,7 @@ pub mod logging;
 pub mod metrics;
 pub mod otel_metrics;
 pub mod redact;
+mod run_spans;
 pub mod sink;
 pub mod spans;
 pub mod timeline;

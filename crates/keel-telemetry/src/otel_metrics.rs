@@ -13,13 +13,15 @@ use opentelemetry::metrics::{Histogram, Meter};
 
 use crate::spans::split_model;
 
+type Requested = HashMap<(String, u32), (String, Option<String>)>;
+
 /// The GenAI client instruments.
 #[derive(Debug)]
 pub struct GenAiMetrics {
     token_usage: Histogram<u64>,
     operation_duration: Histogram<f64>,
     tool_duration: Histogram<f64>,
-    requested: Mutex<HashMap<(String, u32), (String, Option<String>)>>,
+    requested: Mutex<Requested>,
 }
 
 impl GenAiMetrics {
@@ -132,5 +134,148 @@ impl GenAiMetrics {
             attrs.push(KeyValue::new("error.type", e));
         }
         attrs
+    }
+}
+
+/// A `PushMetricExporter` that runs the async OTLP exporter on its own small Tokio runtime,
+/// so the SDK's periodic reader thread can export over HTTP or gRPC without an ambient
+/// runtime.
+struct BlockingOtlpMetricExporter {
+    inner: opentelemetry_otlp::MetricExporter,
+    runtime: tokio::runtime::Runtime,
+    timeout: std::time::Duration,
+}
+
+impl std::fmt::Debug for BlockingOtlpMetricExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockingOtlpMetricExporter")
+            .finish_non_exhaustive()
+    }
+}
+
+impl opentelemetry_sdk::metrics::exporter::PushMetricExporter for BlockingOtlpMetricExporter {
+    fn export(
+        &self,
+        metrics: &opentelemetry_sdk::metrics::data::ResourceMetrics,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let result = self.runtime.block_on(async {
+            match tokio::time::timeout(self.timeout, self.inner.export(metrics)).await {
+                Ok(r) => r,
+                Err(_) => Err(opentelemetry_sdk::error::OTelSdkError::Timeout(
+                    self.timeout,
+                )),
+            }
+        });
+        std::future::ready(result)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> opentelemetry_sdk::metrics::Temporality {
+        self.inner.temporality()
+    }
+}
+
+/// OTLP metrics export of the [`GenAiMetrics`] instruments: a meter provider with a
+/// periodic reader. Must be created outside any async runtime (the sink's worker thread).
+#[derive(Debug)]
+pub struct OtlpMetrics {
+    provider: opentelemetry_sdk::metrics::SdkMeterProvider,
+    /// The instruments to record into.
+    pub instruments: GenAiMetrics,
+}
+
+impl OtlpMetrics {
+    /// Builds the pipeline, or `None` without an endpoint or with `metrics = false`.
+    pub fn from_config(
+        config: &crate::TelemetryConfig,
+    ) -> Result<Option<Self>, crate::TelemetryError> {
+        use opentelemetry::metrics::MeterProvider as _;
+        use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+
+        let Some(base) = config.endpoint.clone().filter(|_| config.metrics) else {
+            return Ok(None);
+        };
+        let timeout = std::time::Duration::from_millis(config.export_timeout_ms.max(1));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                crate::TelemetryError::Export(format!("cannot start a Tokio runtime: {e}"))
+            })?;
+        let inner = runtime
+            .block_on(async {
+                match config.protocol {
+                    crate::OtlpProtocol::Http => {
+                        let trimmed = base.trim_end_matches('/');
+                        let url = if trimmed.ends_with("/v1/metrics") {
+                            trimmed.to_string()
+                        } else {
+                            format!("{}/v1/metrics", trimmed.trim_end_matches("/v1/traces"))
+                        };
+                        opentelemetry_otlp::MetricExporter::builder()
+                            .with_http()
+                            .with_endpoint(url)
+                            .with_protocol(Protocol::HttpBinary)
+                            .with_timeout(timeout)
+                            .with_headers(config.headers.clone().into_iter().collect())
+                            .build()
+                    }
+                    crate::OtlpProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(base.clone())
+                        .with_protocol(Protocol::Grpc)
+                        .with_timeout(timeout)
+                        .build(),
+                }
+            })
+            .map_err(|e| {
+                crate::TelemetryError::Export(format!(
+                    "cannot build the metric exporter for `{base}`: {e}"
+                ))
+            })?;
+        let reader =
+            opentelemetry_sdk::metrics::PeriodicReader::builder(BlockingOtlpMetricExporter {
+                inner,
+                runtime,
+                timeout,
+            })
+            .with_interval(std::time::Duration::from_millis(
+                config.metrics_interval_ms.max(100),
+            ))
+            .build();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_resource(crate::export::resource(config))
+            .with_reader(reader)
+            .build();
+        let meter = provider.meter(crate::export::SCOPE_NAME);
+        let instruments = GenAiMetrics::new(&meter);
+        Ok(Some(Self {
+            provider,
+            instruments,
+        }))
+    }
+
+    /// Exports what has been recorded so far.
+    pub fn flush(&self) -> Result<(), crate::TelemetryError> {
+        self.provider
+            .force_flush()
+            .map_err(|e| crate::TelemetryError::Export(format!("metrics: {e}")))
+    }
+
+    /// Exports and stops.
+    pub fn shutdown(&self) -> Result<(), crate::TelemetryError> {
+        self.provider
+            .shutdown()
+            .map_err(|e| crate::TelemetryError::Export(format!("metrics: {e}")))
     }
 }

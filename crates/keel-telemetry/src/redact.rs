@@ -101,14 +101,6 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<s>[^/\s@]+)@",
             Check::None,
         )?,
-        // key=value, key: value, "key": "value" where key names a secret.
-        compile(
-            "secret_field",
-            &format!(
-                r#"(?i)["']?\b(?:{key_alt})\b["']?\s*[:=]\s*(?:"(?P<s>(?:[^"\\]|\\.)*)"|'(?P<s2>[^']*)'|\\"(?P<s3>(?:[^"\\]|\\[^"])*)\\"|(?P<s4>[^\s"',;&}}\]]+))"#
-            ),
-            Check::None,
-        )?,
         compile(
             "bearer_token",
             r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/=-]{12,})",
@@ -122,6 +114,14 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
         compile(
             "jwt",
             r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+            Check::None,
+        )?,
+        // key=value, key: value, "key": "value" where key names a secret.
+        compile(
+            "secret_field",
+            &format!(
+                r#"(?i)(?:\\?["'])?\b(?:{key_alt})\b(?:\\?["'])?\s*[:=]\s*(?:"(?P<s>(?:[^"\\]|\\.)*)"|'(?P<s2>[^']*)'|\\"(?P<s3>(?:[^"\\]|\\[^"])*)\\"|(?P<s4>[^\s"',;&}}\]]+))"#
+            ),
             Check::None,
         )?,
         compile(

@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::config::TelemetryConfig;
 use crate::error::TelemetryError;
 use crate::export::OtlpSpanExporter;
+use crate::otel_metrics::OtlpMetrics;
 use crate::redact::Redactor;
 use crate::spans::{Completed, SpanAssembler, SpanOptions, SpanRecord};
 use crate::tracefile::{TraceFileWriter, TraceRecord};
@@ -34,6 +35,8 @@ pub struct SinkStats {
     pub spans_exported: u64,
     /// Export batches that failed (their spans are dropped; trace files keep them).
     pub export_errors: u64,
+    /// Metric exports that failed.
+    pub metrics_errors: u64,
     /// Trace-file write failures.
     pub file_errors: u64,
     /// The last error, if any.
@@ -158,9 +161,8 @@ impl TelemetrySink {
     /// Ends open spans (as incomplete), exports everything and stops the worker.
     pub async fn shutdown(&self) -> Result<SinkStats, TelemetryError> {
         let stats = self.request(Msg::Shutdown).await?;
-        if let Ok(mut guard) = self.worker.lock()
-            && let Some(handle) = guard.take()
-        {
+        let handle = self.worker.lock().ok().and_then(|mut guard| guard.take());
+        if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
         Ok(stats)
@@ -206,6 +208,7 @@ struct Worker {
     max_batch: usize,
     stats: SinkStats,
     dropped: Arc<AtomicU64>,
+    metrics: Option<OtlpMetrics>,
 }
 
 fn worker_main(
@@ -234,6 +237,14 @@ fn worker_main(
             return;
         }
     };
+    // Built outside the runtime: the metrics pipeline runs on the SDK's reader thread.
+    let metrics = match OtlpMetrics::from_config(&config) {
+        Ok(metrics) => metrics,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let _ = ready.send(Ok(()));
     let mut worker = Worker {
         redactor,
@@ -246,6 +257,7 @@ fn worker_main(
         max_batch: config.max_batch_size,
         stats: SinkStats::default(),
         dropped,
+        metrics,
     };
     let interval = Duration::from_millis(config.export_interval_ms.max(10));
     let mut last_export = Instant::now();
@@ -261,6 +273,7 @@ fn worker_main(
             Ok(Msg::Flush(reply)) => {
                 runtime.block_on(worker.export());
                 worker.flush_files();
+                worker.flush_metrics();
                 last_export = Instant::now();
                 reply.send(worker.snapshot());
             }
@@ -329,6 +342,9 @@ impl Worker {
             }
         }
         let Some(redacted) = redacted else { return };
+        if let Some(metrics) = &self.metrics {
+            metrics.instruments.record(&redacted);
+        }
         for done in self.assembler.apply(&redacted) {
             let record = match done {
                 Completed::Span(span) => {
@@ -402,6 +418,21 @@ impl Worker {
         }
         runtime.block_on(self.export());
         self.flush_files();
+        if let Some(metrics) = self.metrics.take()
+            && let Err(e) = metrics.shutdown()
+        {
+            self.stats.metrics_errors += 1;
+            self.stats.last_error = Some(e.to_string());
+        }
+    }
+
+    fn flush_metrics(&mut self) {
+        if let Some(metrics) = &self.metrics
+            && let Err(e) = metrics.flush()
+        {
+            self.stats.metrics_errors += 1;
+            self.stats.last_error = Some(e.to_string());
+        }
     }
 }
 

@@ -356,6 +356,7 @@ pub fn render_timeline(records: &[TraceRecord]) -> String {
                     .unwrap_or_default()
             ),
             EventKind::ToolCallRequested { .. } => continue,
+            other => format!("{}  {}", at(e.ts), other.name()),
         };
         let _ = writeln!(o, "{line}");
     }

@@ -1,0 +1,275 @@
+//! The runner: the loop that asks `keel_core::decide` what to do, does it, and journals
+//! what happened. It owns no state of its own — everything it needs is in the thread's
+//! folded state — so a crashed run resumes by loading the log and calling this again.
+//!
+//! Submodules: [`model_call`] (one model call, streamed, including the structured
+//! planner's action parsing) and [`tools`] (executing a turn's calls with control tools,
+//! the policy engine, fallbacks and observation critiques).
+
+mod model_call;
+mod tools;
+
+use chrono::Utc;
+use keel_core::critic::{CriticInput, Subject};
+use keel_core::decide::Action;
+use keel_core::event::CriticNext;
+use keel_core::planner::ASK_USER;
+use keel_core::state::PendingCall;
+use keel_core::{
+    EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResult, ToolResultKind,
+    decide, new_id,
+};
+
+use crate::agent::Agent;
+use crate::context::RunContext;
+use crate::journal::Journal;
+use crate::outcome::{RunError, RunOutcome, RunStatus};
+use crate::thread::Thread;
+
+/// Starts a new run on a thread.
+pub(crate) async fn start(
+    agent: &Agent,
+    new_messages: Vec<Message>,
+    thread: &mut Thread,
+    ctx: &RunContext,
+) -> Result<RunOutcome, RunError> {
+    if new_messages.is_empty() {
+        return Err(RunError::NoInput);
+    }
+    if let Some(run) = thread.state().run().filter(|_| thread.state().run_in_progress()) {
+        return Err(RunError::RunInProgress {
+            thread_id: thread.id().to_string(),
+            run_id: run.run_id.clone(),
+        });
+    }
+    let goal = new_messages.iter().map(Message::text).collect::<Vec<_>>().join("\n");
+    let mut journal = Journal::start(thread, ctx, new_id("run"));
+    let span = journal.run_span().to_string();
+    let mut batch = vec![(
+        EventKind::RunStarted {
+            agent: agent.name.clone(),
+            model: agent.model.id(),
+            goal,
+            constraints: Vec::new(),
+            budget: agent.budget,
+        },
+        span.clone(),
+    )];
+    batch.extend(new_messages.into_iter().map(|message| (EventKind::UserMessage { message }, span.clone())));
+    journal.append_batch(batch).await?;
+    drive(agent, &mut journal).await
+}
+
+/// Resumes the run in progress on a thread.
+pub(crate) async fn resume(agent: &Agent, thread: &mut Thread, ctx: &RunContext) -> Result<RunOutcome, RunError> {
+    let Some(run_id) = thread
+        .state()
+        .run()
+        .filter(|_| thread.state().run_in_progress())
+        .map(|run| run.run_id.clone())
+    else {
+        return Err(RunError::NothingToResume(thread.id().to_string()));
+    };
+    let events = ctx.store.load(thread.id()).await?;
+    let run_events: Vec<_> = events.into_iter().filter(|e| e.run_id == run_id).collect();
+    let mut journal = Journal::resume(thread, ctx, run_events);
+    drive(agent, &mut journal).await
+}
+
+/// The loop.
+async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, RunError> {
+    loop {
+        if journal.state().run_in_progress() {
+            if journal.ctx().cancel.is_cancelled() {
+                finish(journal, EndState::Cancelled, Some("cancelled by the user".into()), None).await?;
+                continue;
+            }
+            let invalid = journal.state().run().map(|r| r.invalid_actions).unwrap_or(0);
+            if invalid > agent.max_invalid_actions {
+                let reason = format!(
+                    "the model gave no valid action after {} re-asks",
+                    agent.max_invalid_actions
+                );
+                finish(journal, EndState::Failed, Some(reason), None).await?;
+                continue;
+            }
+        }
+        let action = decide(journal.state(), Utc::now());
+        match action {
+            Action::Finish { end_state, reason, final_text } => {
+                if !journal.state().run_in_progress() {
+                    return Ok(outcome(journal, RunStatus::Ended { end_state }));
+                }
+                if end_state == EndState::Done && agent.critic.is_some() {
+                    match critique_final_answer(agent, journal).await? {
+                        FinalVerdict::Accepted => {}
+                        FinalVerdict::SentBack => continue,
+                        FinalVerdict::Rejected(reason) => {
+                            finish(journal, EndState::Failed, Some(reason), final_text).await?;
+                            continue;
+                        }
+                    }
+                }
+                finish(journal, end_state, reason, final_text).await?;
+            }
+            Action::CallModel { turn, final_summary } => {
+                model_call::call_model(agent, journal, turn, final_summary).await?;
+            }
+            Action::ExecuteTools(calls) => {
+                let calls: Vec<PendingCall> = calls.into_iter().cloned().collect();
+                tools::execute_tools(agent, journal, calls).await?;
+            }
+            Action::AwaitApproval(pending) => {
+                let pending = pending.clone();
+                if let Some(status) = tools::await_approval(journal, pending).await? {
+                    return Ok(outcome(journal, status));
+                }
+            }
+            Action::AwaitUser { question, missing_fields } => {
+                let (question, missing_fields) = (question.to_string(), missing_fields.to_vec());
+                await_user(journal, question, missing_fields).await?;
+            }
+        }
+    }
+}
+
+/// Asks the user-input source; without an answer the run ends `clarify_needed` with the
+/// question in its outcome (a later run on the thread carries the answer).
+async fn await_user(journal: &mut Journal<'_>, question: String, missing_fields: Vec<String>) -> Result<(), RunError> {
+    let ctx = journal.ctx().clone();
+    let answer = tokio::select! {
+        answer = ctx.user_input.answer(journal.thread_id(), &question, &missing_fields) => answer,
+        () = ctx.cancel.cancelled() => return Ok(()),
+    };
+    let ask_call = journal
+        .state()
+        .unanswered_calls()
+        .find(|p| p.call.name == ASK_USER)
+        .map(|p| p.call.clone());
+    match (answer, ask_call) {
+        (Some(answer), Some(call)) => {
+            let outcome = ok_outcome(journal, &call, serde_json::json!({ "answer": answer }));
+            journal.append_batch(vec![(tool_finished(call, outcome, None), journal.run_span().to_string())]).await
+        }
+        (Some(answer), None) => journal.append(EventKind::UserAnswered { answer }).await,
+        (None, _) => {
+            let reason = format!("waiting for the user's answer to: {question}");
+            finish(journal, EndState::ClarifyNeeded, Some(reason), None).await
+        }
+    }
+}
+
+enum FinalVerdict {
+    Accepted,
+    SentBack,
+    Rejected(String),
+}
+
+/// Runs the critic on the final answer (once per answer), journals the verdict, and sends
+/// an unsatisfied answer back to the model with its gaps, a bounded number of times.
+async fn critique_final_answer(agent: &Agent, journal: &mut Journal<'_>) -> Result<FinalVerdict, RunError> {
+    let Some(critic) = &agent.critic else { return Ok(FinalVerdict::Accepted) };
+    let Some(run) = journal.state().run() else { return Ok(FinalVerdict::Accepted) };
+    if let Some(satisfied) = run.answer_verdict {
+        // Already judged (e.g. before a crash): a rejected answer past the limit fails.
+        return Ok(if satisfied || run.critic_rejections <= agent.max_critic_rejections {
+            FinalVerdict::Accepted
+        } else {
+            FinalVerdict::Rejected("the critic rejected the final answer".into())
+        });
+    }
+    let goal = journal
+        .run_events()
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::RunStarted { goal, .. } => Some(goal.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let answer = journal.state().messages().last().map(Message::text).unwrap_or_default();
+    let verdict = critic
+        .assess(CriticInput { goal: &goal, messages: journal.state().messages(), subject: Subject::FinalAnswer(&answer) })
+        .await;
+    let gaps = verdict.known_gaps.join("; ");
+    journal
+        .append(EventKind::Critique {
+            satisfied: verdict.satisfied,
+            known_gaps: verdict.known_gaps.clone(),
+            next: verdict.next,
+        })
+        .await?;
+    if verdict.satisfied {
+        return Ok(FinalVerdict::Accepted);
+    }
+    let rejections = journal.state().run().map(|r| r.critic_rejections).unwrap_or(0);
+    if rejections > agent.max_critic_rejections || verdict.next == CriticNext::Stop {
+        return Ok(FinalVerdict::Rejected(format!(
+            "the critic rejected the final answer {rejections} time(s): {gaps}"
+        )));
+    }
+    let feedback = format!(
+        "Your answer is not complete yet. Missing: {gaps}. Address every gap (use the tools if needed), then give your final answer."
+    );
+    journal.append(EventKind::UserMessage { message: Message::user(feedback) }).await?;
+    Ok(FinalVerdict::SentBack)
+}
+
+fn outcome(journal: &Journal<'_>, status: RunStatus) -> RunOutcome {
+    RunOutcome::from_run_events(journal.thread_id(), journal.run_id(), journal.run_events(), status)
+}
+
+/// Ends the run, first answering any unanswered tool call so the thread never holds an
+/// orphan call.
+async fn finish(
+    journal: &mut Journal<'_>,
+    end_state: EndState,
+    reason: Option<String>,
+    final_text: Option<String>,
+) -> Result<(), RunError> {
+    let unanswered: Vec<ToolCall> = journal.state().unanswered_calls().map(|p| p.call.clone()).collect();
+    let span = journal.run_span().to_string();
+    let because = reason.clone().unwrap_or_else(|| end_state.to_string());
+    let mut batch: Vec<(EventKind, String)> = unanswered
+        .into_iter()
+        .map(|call| {
+            let message = if call.name == ASK_USER {
+                format!("the run ended ({because}); the user's reply will arrive as a new message")
+            } else {
+                format!("the run ended ({because}) before this call ran")
+            };
+            let outcome = error_outcome(journal, &call, ToolErrorCode::Cancelled, message);
+            (tool_finished(call, outcome, None), span.clone())
+        })
+        .collect();
+    batch.push((EventKind::RunEnded { end_state, reason, final_text }, span));
+    journal.append_batch(batch).await
+}
+
+pub(crate) fn error_outcome(journal: &Journal<'_>, call: &ToolCall, code: ToolErrorCode, message: String) -> ToolOutcome {
+    base_outcome(journal, call, ToolResultKind::Error { code, message, details: None })
+}
+
+pub(crate) fn ok_outcome(journal: &Journal<'_>, call: &ToolCall, data: serde_json::Value) -> ToolOutcome {
+    base_outcome(journal, call, ToolResultKind::Ok { data, schema_validated: true, truncated: false })
+}
+
+fn base_outcome(journal: &Journal<'_>, call: &ToolCall, result: ToolResultKind) -> ToolOutcome {
+    ToolOutcome {
+        tool: call.name.clone(),
+        call_id: call.id.clone(),
+        thread_id: journal.thread_id().to_string(),
+        run_id: journal.run_id().to_string(),
+        attempts: 0,
+        latency_ms: 0,
+        repairs: Vec::new(),
+        result,
+    }
+}
+
+/// The `ToolCallFinished` event for a call; `content` overrides what the model sees.
+pub(crate) fn tool_finished(call: ToolCall, outcome: ToolOutcome, content: Option<String>) -> EventKind {
+    let content = content.unwrap_or_else(|| outcome.render_for_model());
+    EventKind::ToolCallFinished {
+        result: ToolResult { call_id: call.id, name: call.name, outcome, content },
+    }
+}

@@ -1,0 +1,282 @@
+//! One model call: build the request from the thread's state, journal `ModelRequested`,
+//! stream the answer (forwarding deltas to observers, with an idle timeout and
+//! cancellation), then journal `ModelResponded` with the `ToolCallRequested` records — or
+//! `ModelFailed`. In structured planner mode the answer text is parsed into one action.
+
+use std::borrow::Cow;
+use std::time::Instant;
+
+use futures::StreamExt;
+use keel_core::event::{ModelFailure, new_span_id};
+use keel_core::model::ResponseAssembler;
+use keel_core::planner::{self, PlannerAction, PlannerMode};
+use keel_core::state::{INVALID_ACTION_NOTICE, VALID_ACTION_NOTICE};
+use keel_core::{
+    ApprovalMode as ToolApproval, EventKind, Message, ModelError, ModelErrorKind, ModelRequest,
+    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice,
+};
+
+use crate::agent::Agent;
+use crate::context::ApprovalMode;
+use crate::journal::Journal;
+use crate::outcome::RunError;
+
+/// Provider item kind under which the structured planner keeps the model's raw answer.
+const STRUCTURED_PROVIDER: &str = "keel-structured";
+
+static NO_TOOLS: ToolChoice = ToolChoice::None;
+
+/// The messages sent to the model. Native mode sends the context as is (borrowed, no
+/// copy). Structured mode renders it for a model without tool calling: assistant actions
+/// as their raw JSON text, tool results as `Observation:` user messages.
+fn request_messages<'m>(agent: &Agent, messages: &'m [Message]) -> Cow<'m, [Message]> {
+    match agent.planner_mode {
+        PlannerMode::Native => Cow::Borrowed(messages),
+        PlannerMode::Structured => Cow::Owned(
+            messages
+                .iter()
+                .map(|message| match message.role {
+                    Role::Assistant => {
+                        let raw = message.parts.iter().find_map(|p| match p {
+                            Part::ProviderItem { provider, item } if provider == STRUCTURED_PROVIDER => {
+                                item.get("raw").and_then(|r| r.as_str()).map(str::to_string)
+                            }
+                            _ => None,
+                        });
+                        Message::assistant(raw.unwrap_or_else(|| message.text()))
+                    }
+                    Role::Tool => Message::user(
+                        message
+                            .tool_results()
+                            .map(|r| format!("Observation: {} → {}", r.name, r.content))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    ),
+                    Role::User | Role::System => message.clone(),
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn system_prompt(agent: &Agent, journal: &Journal<'_>, final_summary: bool) -> Option<String> {
+    let mut system = agent.system_prompt.clone();
+    if final_summary
+        && let Some((_, reason, action_item)) = journal.state().run().and_then(|r| r.policy_stop.as_ref())
+    {
+        system.push_str(&format!(
+            "\n\nThe run is stopping: {reason}.{} Do not call any tool. In a few sentences, tell the user what happened{}.",
+            action_item.as_ref().map(|item| format!(" Action item for the user: {item}")).unwrap_or_default(),
+            if action_item.is_some() { " and what they need to do" } else { "" }
+        ));
+    }
+    (!system.is_empty()).then_some(system)
+}
+
+fn build_request<'a>(
+    agent: &'a Agent,
+    messages: &'a [Message],
+    system: Option<&'a str>,
+    final_summary: bool,
+) -> ModelRequest<'a> {
+    ModelRequest {
+        system,
+        messages,
+        tools: &agent.tool_definitions,
+        tool_choice: if final_summary { &NO_TOOLS } else { &agent.tool_choice },
+        temperature: agent.temperature,
+        top_p: None,
+        max_output_tokens: agent.max_output_tokens,
+        response_schema: if final_summary { None } else { agent.action_schema.as_ref() },
+    }
+}
+
+pub(super) async fn call_model(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    turn: u32,
+    final_summary: bool,
+) -> Result<(), RunError> {
+    let system = system_prompt(agent, journal, final_summary);
+    let (message_count, estimated) = {
+        let messages = request_messages(agent, journal.state().messages());
+        let request = build_request(agent, &messages, system.as_deref(), final_summary);
+        (messages.len(), agent.model.estimate_tokens(&request))
+    };
+    let span = new_span_id();
+    journal
+        .append_batch(vec![(
+            EventKind::ModelRequested {
+                turn,
+                model: agent.model.id(),
+                message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
+                tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
+                estimated_input_tokens: estimated,
+                provider: agent.model.id().split_once(':').map(|(provider, _)| provider.to_string()),
+                temperature: agent.temperature,
+                max_tokens: agent.max_output_tokens,
+                context_window: Some(u64::from(agent.model.capabilities().context_window)),
+            },
+            span.clone(),
+        )])
+        .await?;
+
+    let started = Instant::now();
+    let mut batch = Vec::new();
+    let result = {
+        let ctx = journal.ctx();
+        let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
+        let messages = request_messages(agent, journal.state().messages());
+        let request = build_request(agent, &messages, system.as_deref(), final_summary);
+        let mut stream = agent.model.stream(request);
+        let mut assembler = ResponseAssembler::new();
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(agent.stream_idle_timeout, stream.next()) => next,
+                () = ctx.cancel.cancelled() => break Err(None),
+            };
+            match next {
+                Err(_) => {
+                    break Err(Some(ModelError::new(
+                        ModelErrorKind::Timeout,
+                        format!("the model stream was silent for {} s", agent.stream_idle_timeout.as_secs()),
+                    )));
+                }
+                Ok(None) if assembler.is_complete() => break Ok(assembler.finish()),
+                Ok(None) => {
+                    break Err(Some(ModelError::new(
+                        ModelErrorKind::StreamInterrupted,
+                        "the model stream ended before the answer was complete",
+                    )));
+                }
+                Ok(Some(Err(error))) => break Err(Some(error)),
+                Ok(Some(Ok(event))) => {
+                    for observer in &ctx.observers {
+                        observer.on_stream(thread_id, run_id, &event);
+                    }
+                    match &event {
+                        StreamEvent::Retry { attempt, error, wait_ms, .. } => batch.push((
+                            EventKind::Retry {
+                                scope: "model".into(),
+                                attempt: *attempt,
+                                class: error.to_string(),
+                                wait_ms: *wait_ms,
+                                call_id: None,
+                            },
+                            span.clone(),
+                        )),
+                        StreamEvent::Restart => batch.push((
+                            EventKind::Notice {
+                                code: "stream_restarted".into(),
+                                message: "the model stream restarted; partial output was discarded".into(),
+                                data: None,
+                            },
+                            span.clone(),
+                        )),
+                        _ => {}
+                    }
+                    assembler.push(&event);
+                }
+            }
+        }
+    };
+    let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    match result {
+        Ok(mut response) => {
+            let mut after = Vec::new();
+            if agent.planner_mode == PlannerMode::Structured && !final_summary {
+                after = structured_action(agent, journal, turn, &mut response, &span);
+            }
+            let requested: Vec<(EventKind, String)> = response
+                .message
+                .tool_calls()
+                .map(|call| {
+                    let spec = agent.executor.spec(&call.name);
+                    let requires_approval = spec.is_some()
+                        && (journal.ctx().approval_mode == ApprovalMode::Ask
+                            || spec.is_some_and(|s| s.approval == ToolApproval::Always));
+                    (
+                        EventKind::ToolCallRequested {
+                            call: call.clone(),
+                            effect: spec.map(|s| s.effect),
+                            requires_approval,
+                        },
+                        new_span_id(),
+                    )
+                })
+                .collect();
+            batch.push((
+                EventKind::ModelResponded {
+                    turn,
+                    message: response.message,
+                    usage: response.usage,
+                    latency_ms,
+                    stop_reason: response.stop_reason,
+                    response_id: response.response_id,
+                    cost_usd: response.cost_usd,
+                },
+                span,
+            ));
+            batch.extend(requested);
+            batch.extend(after);
+        }
+        Err(None) => {}
+        Err(Some(error)) => batch.push((
+            EventKind::ModelFailed {
+                turn,
+                error: ModelFailure { kind: error.kind, message: error.message, status: error.status },
+            },
+            span,
+        )),
+    }
+    journal.append_batch(batch).await
+}
+
+/// Structured planner: turns the answer text into one action. A valid action rewrites the
+/// assistant message (raw text kept as a provider item; a tool call, a control call or the
+/// final answer added); an invalid one stays text and is followed by a re-ask.
+fn structured_action(
+    agent: &Agent,
+    journal: &Journal<'_>,
+    turn: u32,
+    response: &mut ModelResponse,
+    span: &str,
+) -> Vec<(EventKind, String)> {
+    let raw = response.message.text();
+    let tool_names: Vec<&str> = agent.tools.names().collect();
+    let raw_item = Part::ProviderItem { provider: STRUCTURED_PROVIDER.into(), item: serde_json::json!({ "raw": raw }) };
+    let call = |name: &str, arguments: serde_json::Value| {
+        Part::ToolCall(ToolCall { id: format!("act_{turn}"), name: name.to_string(), arguments: arguments.to_string() })
+    };
+    let notice = |code: &str, message: String| {
+        (EventKind::Notice { code: code.into(), message, data: None }, span.to_string())
+    };
+    let parts = match planner::parse_action(&raw, &tool_names) {
+        Err(error) => {
+            let attempt = journal.state().run().map(|r| r.invalid_actions).unwrap_or(0).saturating_add(1);
+            return vec![
+                notice(INVALID_ACTION_NOTICE, format!("invalid action (attempt {attempt}): {error}")),
+                (
+                    EventKind::UserMessage {
+                        message: Message::user(format!(
+                            "Your last reply was not a valid action: {error}. Reply with exactly one JSON action object."
+                        )),
+                    },
+                    span.to_string(),
+                ),
+            ];
+        }
+        Ok(PlannerAction::CallTool { name, args }) => vec![raw_item, call(&name, args)],
+        Ok(PlannerAction::AskUser { question, missing_fields }) => vec![
+            raw_item,
+            call(planner::ASK_USER, serde_json::json!({ "question": question, "missing_fields": missing_fields })),
+        ],
+        Ok(PlannerAction::Replan { subgoals }) => {
+            vec![raw_item, call(planner::REPLAN, serde_json::json!({ "subgoals": subgoals }))]
+        }
+        Ok(PlannerAction::Stop { reason }) => vec![raw_item, Part::Text { text: reason }],
+    };
+    response.message.parts = parts;
+    let reset = journal.state().run().is_some_and(|r| r.invalid_actions > 0);
+    if reset { vec![notice(VALID_ACTION_NOTICE, "valid action".into())] } else { Vec::new() }
+}

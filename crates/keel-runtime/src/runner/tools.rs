@@ -1,0 +1,286 @@
+//! Executing one turn's tool calls: approvals, the control tools (`ask_user`, `replan`),
+//! the executor for everything else (concurrently, committed in call order), the policy
+//! engine on every failure (fallbacks, asking the user, stopping), normalized observations,
+//! and critiques of each observation.
+
+use futures::StreamExt;
+use keel_core::critic::{CriticInput, Subject};
+use keel_core::event::{CriticNext, new_span_id};
+use keel_core::observation::render_for_model;
+use keel_core::planner::{ASK_USER, AskUserArgs, REPLAN, ReplanArgs};
+use keel_core::policy::{PolicyContext, PolicyDecision, missing_required_fields};
+use keel_core::state::PendingCall;
+use keel_core::{EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind};
+
+use super::{error_outcome, ok_outcome, tool_finished};
+use crate::agent::Agent;
+use crate::context::{ApprovalDecision, ApprovalMode};
+use crate::executor::CallEnv;
+use crate::journal::Journal;
+use crate::outcome::{RunError, RunStatus};
+
+pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<PendingCall>) -> Result<(), RunError> {
+    let is_executed = |p: &PendingCall| p.approval != Some(false) && p.call.name != ASK_USER && p.call.name != REPLAN;
+    let started: Vec<(EventKind, String)> = calls
+        .iter()
+        .filter(|p| is_executed(p))
+        .map(|p| (EventKind::ToolCallStarted { call_id: p.call.id.clone(), name: p.call.name.clone() }, new_span_id()))
+        .collect();
+    journal.append_batch(started).await?;
+
+    let ctx = journal.ctx().clone();
+    let thread_id = journal.thread_id().to_string();
+    let run_id = journal.run_id().to_string();
+    let env = CallEnv { thread_id: &thread_id, run_id: &run_id, cancel: &ctx.cancel };
+    let to_run: Vec<ToolCall> = calls.iter().filter(|p| is_executed(p)).map(|p| p.call.clone()).collect();
+    let mut executions = agent.executor.execute_ordered(to_run, env);
+    let mut committed: Vec<String> = Vec::new();
+    // Results are committed in call order; denied and control calls keep their place.
+    for pending in calls {
+        let call = pending.call.clone();
+        if pending.approval == Some(false) {
+            let reason = pending.denial_reason.clone().unwrap_or_else(|| "no reason given".into());
+            let outcome = error_outcome(journal, &call, ToolErrorCode::Denied, format!("a human denied this call: {reason}"));
+            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await?;
+            continue;
+        }
+        if call.name == ASK_USER {
+            ask_user(journal, call).await?;
+            continue;
+        }
+        if call.name == REPLAN {
+            replan(journal, call).await?;
+            continue;
+        }
+        let Some((_, execution)) = executions.next().await else { break };
+        let mut batch: Vec<(EventKind, String)> = execution
+            .retries
+            .iter()
+            .map(|retry| {
+                (
+                    EventKind::Retry {
+                        scope: "tool".into(),
+                        attempt: retry.attempt,
+                        class: retry.code.to_string(),
+                        wait_ms: retry.wait_ms,
+                        call_id: Some(call.id.clone()),
+                    },
+                    new_span_id(),
+                )
+            })
+            .collect();
+        let mut outcome = execution.outcome;
+        let mut decision = decide_policy(agent, journal, &call, &outcome, false);
+        if let Some(PolicyDecision::Fallback { tool }) = &decision {
+            batch.push(policy_event(&call, &outcome, decision.clone().unwrap_or(PolicyDecision::ReturnToModel)));
+            let fallback_call = ToolCall { id: call.id.clone(), name: tool.clone(), arguments: call.arguments.clone() };
+            let fallback = agent.executor.execute(&fallback_call, env).await;
+            outcome = fallback.outcome;
+            decision = decide_policy(agent, journal, &fallback_call, &outcome, true);
+        }
+        let content = content_for(agent, &outcome);
+        batch.push((tool_finished(call.clone(), outcome.clone(), Some(content)), new_span_id()));
+        if let Some(decision) = decision {
+            if let PolicyDecision::AskUser { question, missing_fields } = &decision {
+                batch.push((
+                    EventKind::UserAsked { question: question.clone(), missing_fields: missing_fields.clone() },
+                    new_span_id(),
+                ));
+            }
+            batch.push(policy_event(&call, &outcome, decision));
+        }
+        journal.append_batch(batch).await?;
+        committed.push(call.id);
+    }
+    if agent.critic.is_some() {
+        critique_observations(agent, journal, &committed).await?;
+    }
+    Ok(())
+}
+
+fn policy_event(call: &ToolCall, outcome: &ToolOutcome, decision: PolicyDecision) -> (EventKind, String) {
+    (
+        EventKind::PolicyApplied {
+            call_id: call.id.clone(),
+            tool: outcome.tool.clone(),
+            error_code: outcome.error_code().unwrap_or(ToolErrorCode::ToolBug),
+            decision,
+        },
+        new_span_id(),
+    )
+}
+
+/// The policy decision for a failed outcome (`None` on success).
+fn decide_policy(agent: &Agent, journal: &Journal<'_>, call: &ToolCall, outcome: &ToolOutcome, is_fallback: bool) -> Option<PolicyDecision> {
+    outcome.error_code()?;
+    let missing = match &outcome.result {
+        ToolResultKind::Error { details, .. } => missing_required_fields(details.as_ref()),
+        ToolResultKind::Ok { .. } => Vec::new(),
+    };
+    let same_missing_field_failures = if missing.is_empty() {
+        0
+    } else {
+        journal
+            .run_events()
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ToolCallFinished { result } if result.name == outcome.tool => match &result.outcome.result {
+                    ToolResultKind::Error { code: ToolErrorCode::InvalidInput, details, .. } => {
+                        Some(missing_required_fields(details.as_ref()))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .filter(|earlier| *earlier == missing)
+            .count() as u32
+            + 1
+    };
+    agent.policy.decide(
+        outcome,
+        PolicyContext { arguments: &call.arguments, same_missing_field_failures, is_fallback },
+    )
+}
+
+/// What the model sees for an outcome, per the agent's observation mode.
+fn content_for(agent: &Agent, outcome: &ToolOutcome) -> String {
+    let observation = agent
+        .executor
+        .tool(&outcome.tool)
+        .and_then(|tool| tool.normalize(outcome))
+        .unwrap_or_else(|| agent.normalizer.normalize(outcome));
+    render_for_model(outcome, Some(&observation), agent.observation_mode)
+}
+
+async fn ask_user(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
+    let args = call.parse_arguments().ok().and_then(|v| serde_json::from_value::<AskUserArgs>(v).ok());
+    match args {
+        Some(args) if !args.question.trim().is_empty() => {
+            journal
+                .append(EventKind::UserAsked { question: args.question, missing_fields: args.missing_fields })
+                .await
+        }
+        _ => {
+            let outcome = error_outcome(
+                journal,
+                &call,
+                ToolErrorCode::InvalidInput,
+                "ask_user needs {\"question\": string, \"missing_fields\"?: [string]}".into(),
+            );
+            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await
+        }
+    }
+}
+
+async fn replan(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
+    let args = call.parse_arguments().ok().and_then(|v| serde_json::from_value::<ReplanArgs>(v).ok());
+    match args {
+        Some(args) if !args.subgoals.is_empty() => {
+            let outcome = ok_outcome(journal, &call, serde_json::json!({"status": "plan recorded", "subgoals": args.subgoals}));
+            let span = new_span_id();
+            journal
+                .append_batch(vec![
+                    (EventKind::Replanned { subgoals: args.subgoals }, span.clone()),
+                    (tool_finished(call, outcome, None), span),
+                ])
+                .await
+        }
+        _ => {
+            let outcome = error_outcome(
+                journal,
+                &call,
+                ToolErrorCode::InvalidInput,
+                "replan needs {\"subgoals\": [string, ...]} with at least one subgoal".into(),
+            );
+            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await
+        }
+    }
+}
+
+/// Critiques each new observation; a critic may ask for a replan, a clarification, or stop.
+async fn critique_observations(agent: &Agent, journal: &mut Journal<'_>, call_ids: &[String]) -> Result<(), RunError> {
+    let Some(critic) = &agent.critic else { return Ok(()) };
+    let goal = journal
+        .run_events()
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::RunStarted { goal, .. } => Some(goal.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    for call_id in call_ids {
+        let result = journal
+            .state()
+            .messages()
+            .iter()
+            .rev()
+            .flat_map(Message::tool_results)
+            .find(|r| &r.call_id == call_id)
+            .cloned();
+        let Some(result) = result else { continue };
+        let verdict = critic
+            .assess(CriticInput { goal: &goal, messages: journal.state().messages(), subject: Subject::Observation(&result) })
+            .await;
+        let gaps = verdict.known_gaps.join("; ");
+        let mut batch = vec![(
+            EventKind::Critique { satisfied: verdict.satisfied, known_gaps: verdict.known_gaps.clone(), next: verdict.next },
+            new_span_id(),
+        )];
+        match verdict.next {
+            CriticNext::Continue => {}
+            CriticNext::Replan => batch.push((
+                EventKind::UserMessage { message: Message::user(format!("A reviewer suggests re-planning: {gaps}")) },
+                new_span_id(),
+            )),
+            CriticNext::Clarify => batch.push((
+                EventKind::UserAsked { question: format!("Could you clarify: {gaps}?"), missing_fields: Vec::new() },
+                new_span_id(),
+            )),
+            CriticNext::Stop => batch.push(policy_event(
+                &ToolCall { id: result.call_id.clone(), name: result.name.clone(), arguments: String::new() },
+                &result.outcome,
+                PolicyDecision::Stop {
+                    end_state: EndState::Failed,
+                    reason: format!("the critic stopped the run: {gaps}"),
+                    action_item: None,
+                    alert: false,
+                },
+            )),
+        }
+        journal.append_batch(batch).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn await_approval(journal: &mut Journal<'_>, pending: PendingCall) -> Result<Option<RunStatus>, RunError> {
+    let call = pending.call;
+    if !pending.approval_requested {
+        journal
+            .append(EventKind::ApprovalRequested {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })
+            .await?;
+    }
+    let decision = if journal.ctx().approval_mode == ApprovalMode::Deny {
+        ApprovalDecision::Deny { reason: Some("approvals are set to deny".into()) }
+    } else {
+        let ctx = journal.ctx().clone();
+        tokio::select! {
+            decision = ctx.approvals.decide(journal.thread_id(), &call) => decision,
+            () = ctx.cancel.cancelled() => return Ok(None),
+        }
+    };
+    match decision {
+        ApprovalDecision::Approve => {
+            journal.append(EventKind::ApprovalGranted { call_id: call.id, by: None }).await?;
+            Ok(None)
+        }
+        ApprovalDecision::Deny { reason } => {
+            journal.append(EventKind::ApprovalDenied { call_id: call.id, reason }).await?;
+            Ok(None)
+        }
+        ApprovalDecision::Defer => Ok(Some(RunStatus::AwaitingApproval { call_id: call.id, tool: call.name })),
+    }
+}

@@ -1,0 +1,227 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+//! Backend-specific checks: `open_store` URL forms, SQLite pragmas, and several store
+//! instances (separate pools, as separate processes would have) sharing one database.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use keel_core::event::Event;
+use keel_store::conformance;
+use keel_store::{
+    Durability, EventStore, PostgresOptions, PostgresStore, RunQueue, SqliteOptions, SqliteStore,
+    StoreError, ThreadFilter, ThreadSummary, open, open_store,
+};
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "DATABASE_URL is not set: the Postgres store tests need a server. Run them through \
+             ./scripts/test (which sets DATABASE_URL=postgres://postgres@127.0.0.1:5432/test), or \
+             export DATABASE_URL yourself."
+        )
+    })
+}
+
+/// Sends each call to the next of several stores over the same database.
+struct RoundRobin {
+    stores: Vec<Arc<dyn EventStore>>,
+    next: AtomicUsize,
+}
+
+impl RoundRobin {
+    fn pick(&self) -> &Arc<dyn EventStore> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.stores.len();
+        &self.stores[i]
+    }
+}
+
+#[async_trait]
+impl EventStore for RoundRobin {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        self.pick()
+            .append(thread_id, expected_next_seq, events)
+            .await
+    }
+    async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.pick().load(thread_id).await
+    }
+    async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
+        self.pick().list_threads(filter).await
+    }
+    async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
+        self.pick().delete_thread(thread_id).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_uses_wal_and_the_configured_sync_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let normal = SqliteStore::open(dir.path().join("a/b/normal.db"))
+        .await
+        .unwrap();
+    assert!(
+        dir.path().join("a/b/normal.db").exists(),
+        "parent directories and file are created"
+    );
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(normal.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(normal.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, 1, "NORMAL by default");
+    let mut options = SqliteOptions::new(dir.path().join("full.db"));
+    options.durability = Durability::Full;
+    let full = SqliteStore::open_with(options).await.unwrap();
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(full.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, 2, "FULL when configured");
+    let url = format!(
+        "sqlite://{}?synchronous=full",
+        dir.path().join("url.db").display()
+    );
+    let opened = open(&url).await.unwrap();
+    assert_eq!(opened.backend, "sqlite");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_reopens_with_data_and_migrations_are_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let first = SqliteStore::open(&path).await.unwrap();
+    let log = conformance::fixtures::rich_log("t-reopen");
+    first.append("t-reopen", 0, &log).await.unwrap();
+    first.close().await;
+    let again = open_store(path.to_str().unwrap()).await.unwrap();
+    assert_eq!(again.load("t-reopen").await.unwrap(), log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_store_accepts_every_form() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(open("memory:").await.unwrap().backend, "memory");
+    assert_eq!(
+        open(&format!("sqlite:{}", dir.path().join("x.db").display()))
+            .await
+            .unwrap()
+            .backend,
+        "sqlite"
+    );
+    assert_eq!(
+        open(dir.path().join("plain.db").to_str().unwrap())
+            .await
+            .unwrap()
+            .backend,
+        "sqlite"
+    );
+    for bad in [
+        "",
+        "mysql://root@localhost/db",
+        "sqlite::memory:",
+        "sqlite://x.db?cache=shared",
+    ] {
+        let err = open_store(bad)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} must be rejected"));
+        assert!(matches!(err, StoreError::Backend(_)), "{bad:?}: {err:?}");
+    }
+    let pg = open(&database_url()).await.unwrap();
+    assert_eq!(pg.backend, "postgres");
+    let alt = database_url().replacen("postgres://", "postgresql://", 1);
+    assert_eq!(open(&alt).await.unwrap().backend, "postgres");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sqlite_stores_on_one_file_never_interleave() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    let both = RoundRobin {
+        stores: vec![Arc::new(a.clone()), Arc::new(b.clone())],
+        next: AtomicUsize::new(0),
+    };
+    if let Err(e) = conformance::concurrent_appenders(Arc::new(both)).await {
+        panic!("{e}");
+    }
+    // Both see the same queue too.
+    let queues: Vec<Arc<dyn RunQueue>> = vec![Arc::new(a), Arc::new(b)];
+    shared_queue_exclusive(queues).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_postgres_pools_never_interleave() {
+    let schema = format!("keel_test_{}", uuid::Uuid::new_v4().simple());
+    let a =
+        PostgresStore::connect_with(PostgresOptions::new(database_url()).schema(schema.clone()))
+            .await
+            .unwrap();
+    let b = PostgresStore::connect_with(PostgresOptions::new(database_url()).schema(schema))
+        .await
+        .unwrap();
+    let both = RoundRobin {
+        stores: vec![Arc::new(a.clone()), Arc::new(b.clone())],
+        next: AtomicUsize::new(0),
+    };
+    let result = conformance::concurrent_appenders(Arc::new(both)).await;
+    let queues: Vec<Arc<dyn RunQueue>> = vec![Arc::new(a.clone()), Arc::new(b.clone())];
+    shared_queue_exclusive(queues).await;
+    b.close().await;
+    a.drop_schema().await.unwrap();
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// 60 jobs, 8 workers spread over the given queue handles: each job leased exactly once.
+async fn shared_queue_exclusive(queues: Vec<Arc<dyn RunQueue>>) {
+    let first = queues[0].clone();
+    for i in 0..60 {
+        first
+            .enqueue(&format!("shared-{i}"), &serde_json::json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    let mut handles = Vec::new();
+    for w in 0..8usize {
+        let queue = queues[w % queues.len()].clone();
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(lease) = queue
+                .acquire(&format!("w{w}"), std::time::Duration::from_secs(60))
+                .await
+                .unwrap()
+            {
+                got.push(lease.job_id);
+                queue.complete(&lease).await.unwrap();
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let distinct: std::collections::HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 60, "every job leased once");
+    assert_eq!(distinct.len(), 60, "no job leased twice");
+    assert_eq!(first.counts().await.unwrap().done, 60);
+}
