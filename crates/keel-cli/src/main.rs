@@ -4,6 +4,7 @@
 //! error, 3 clarify_needed, 4 budget_exceeded, 5 unrecoverable_tool_contract,
 //! 10 awaiting approval, 130 cancelled.
 
+mod cmd_mock_llm;
 mod cmd_run;
 mod cmd_tools;
 mod models;
@@ -33,6 +34,9 @@ enum Command {
         #[command(subcommand)]
         command: cmd_tools::ToolsCommand,
     },
+    /// Serve a scripted mock LLM on 127.0.0.1 speaking the Anthropic, OpenAI Chat, OpenAI
+    /// Responses and Ollama protocols (see docs/mock-llm.md).
+    MockLlm(cmd_mock_llm::MockLlmArgs),
 }
 
 /// A failure that maps to an exit code.
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => cmd_run::run(args).await,
             Command::Tools { command } => cmd_tools::run(command),
+            Command::MockLlm(args) => cmd_mock_llm::run(args).await,
         }
     });
     match result {

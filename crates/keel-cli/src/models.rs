@@ -41,11 +41,15 @@ pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
         });
     }
     match &args.model {
-        Some(spec) => Err(CliError::usage(format!(
-            "--model {spec}: provider models are not available in this build yet; use --script FILE"
-        ))),
-        None => Err(CliError::usage(
-            "no model: pass --model PROVIDER:MODEL or --script FILE",
-        )),
+        Some(spec) => {
+            let options = keel_providers::ProviderOptions {
+                base_url: args.base_url.clone(),
+                ..Default::default()
+            };
+            let model = keel_providers::model_from_spec(spec, &options)
+                .map_err(|e| CliError::usage(format!("--model {spec}: {e}")))?;
+            Ok(Selected { model, scripted: None })
+        }
+        None => Err(CliError::usage("no model: pass --model PROVIDER:MODEL or --script FILE")),
     }
 }

@@ -60,6 +60,8 @@ pub(crate) struct Engine {
     pub digit_start: Vec<bool>,
     /// Training context of the model.
     pub n_ctx_train: u32,
+    /// Parameter count.
+    pub n_params: u64,
     /// The file.
     pub path: PathBuf,
     /// One generation at a time.
@@ -160,6 +162,7 @@ fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
     );
     Ok(Engine {
         n_ctx_train: model.n_ctx_train(),
+        n_params: model.n_params(),
         model,
         template,
         template_from_file,

@@ -25,7 +25,10 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use keel_core::{Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, StreamEvent};
+use keel_core::{
+    Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, Role, StreamEvent,
+    ToolChoice,
+};
 
 pub use models::{
     InstalledModel, KnownModel, ModelsError, default_model_path, list, pull, resolve_model,
@@ -124,10 +127,35 @@ impl LocalModel {
 
     /// The exact prompt text the model sees for a request (chat template applied).
     pub fn render_prompt(&self, request: &ModelRequest<'_>) -> Result<String, ModelError> {
-        self.engine.apply_template(&prompt::render(request))
+        let request = self.effective(request);
+        self.engine.apply_template(&prompt::render(&request))
+    }
+
+    /// Whether [`LocalModelOptions::eager_tools`] is in effect for this model.
+    pub fn eager_tools(&self) -> bool {
+        self.options.eager_tools.unwrap_or(self.engine.n_params < 1_000_000_000)
+    }
+
+    /// The request as this model runs it. With eager tools and `Auto`: `Required` while
+    /// the user's message is the last one, `None` right after tool results (answer now).
+    fn effective<'r>(&self, request: &ModelRequest<'r>) -> ModelRequest<'r> {
+        static REQUIRED: ToolChoice = ToolChoice::Required;
+        static NONE: ToolChoice = ToolChoice::None;
+        let mut request = *request;
+        if !self.eager_tools() || request.tools.is_empty() || *request.tool_choice != ToolChoice::Auto
+        {
+            return request;
+        }
+        match request.messages.last().map(|m| m.role) {
+            Some(Role::User) => request.tool_choice = &REQUIRED,
+            Some(Role::Tool) => request.tool_choice = &NONE,
+            _ => {}
+        }
+        request
     }
 
     fn prepare(&self, request: &ModelRequest<'_>) -> Result<Job, ModelError> {
+        let request = &self.effective(request);
         let prompt = self.render_prompt(request)?;
         let constraint = build_constraint(
             request.tools,

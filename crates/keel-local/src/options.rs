@@ -38,6 +38,12 @@ pub struct LocalModelOptions {
     pub max_number_digits: u32,
     /// Most tool calls in one answer.
     pub max_tool_calls: u32,
+    /// With `ToolChoice::Auto` and tools offered: require a tool call while the user's
+    /// message is the last one, and a text answer right after tool results (one tool round
+    /// per user turn). Very small models almost never choose a tool on their own, and
+    /// repeat calls they see in the history. `None`: on for models under one billion
+    /// parameters, off otherwise (the model chooses).
+    pub eager_tools: Option<bool>,
     /// Keep generating past end-of-turn until the token cap (for decode benchmarks only;
     /// ignored by constrained generations).
     pub ignore_eos: bool,
@@ -59,6 +65,7 @@ impl Default for LocalModelOptions {
             max_array_items: 8,
             max_number_digits: 15,
             max_tool_calls: 4,
+            eager_tools: None,
             ignore_eos: false,
         }
     }

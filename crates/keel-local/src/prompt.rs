@@ -37,15 +37,19 @@ pub fn tool_instructions(tools: &[ToolDefinition], choice: &ToolChoice) -> Optio
     let catalogue = serde_json::to_string(&catalogue).unwrap_or_default();
     let rule = match choice {
         ToolChoice::Auto => {
-            "If a tool can help, call it. If no tool is needed, answer in plain text."
+            "If none of the functions can be used, answer the question in plain text instead."
         }
-        _ => "You must call a tool now.",
+        _ => "You must call a function.",
     };
     Some(format!(
-        "You have access to the following tools:\n<tools>{catalogue}</tools>\n\n\
-         To call tools, reply with only this format:\n\
-         {CALL_OPEN}[{{\"name\": \"tool_name\", \"arguments\": {{\"argument\": \"value\"}}}}]{CALL_CLOSE}\n\
-         {rule}"
+        "You are an expert in composing functions. You are given a question and a set of \
+         possible functions. Based on the question, you will need to make one or more \
+         function/tool calls to achieve the purpose. {rule}\n\n\
+         You have access to the following tools:\n<tools>{catalogue}</tools>\n\n\
+         The output MUST strictly adhere to the following format, and NO other text MUST be \
+         included. Please make sure the parameter type is correct.\n\
+         {CALL_OPEN}[\n{{\"name\": \"func_name1\", \"arguments\": {{\"argument1\": \"value1\", \
+         \"argument2\": \"value2\"}}}},\n... (more tool calls as required)\n]{CALL_CLOSE}"
     ))
 }
 
@@ -118,11 +122,7 @@ fn render_message(message: &Message) -> String {
                 ));
             }
             Part::ToolResult(result) => {
-                results.push(format!(
-                    "{{\"name\": {}, \"content\": {}}}",
-                    Value::String(result.name.clone()),
-                    Value::String(result.content.clone())
-                ));
+                results.push(format!("The {} tool returned: {}", result.name, result.content));
             }
             Part::ProviderItem { .. } => {}
         }
@@ -141,9 +141,7 @@ fn render_message(message: &Message) -> String {
         if !text.is_empty() {
             text.push('\n');
         }
-        text.push_str("<tool_response>[");
-        text.push_str(&results.join(", "));
-        text.push_str("]</tool_response>");
+        text.push_str(&results.join("\n"));
     }
     text
 }

@@ -16,9 +16,8 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
 use keel_core::outcome::ToolResultKind;
 use keel_core::{
     Message, Model, ModelRequest, Part, Role, StopReason, StreamEvent, ToolChoice, ToolDefinition,
@@ -127,6 +126,7 @@ async fn calculator_question_makes_a_schema_valid_call_then_answers() {
     request.tools = &tools;
     request.max_output_tokens = Some(128);
     let (answer, _) = common::collect(&model, request).await;
+    eprintln!("call: {} -> {value}; answer: {:?}", call.arguments, answer.message.text());
     assert_eq!(
         answer.message.tool_calls().count(),
         0,
@@ -215,28 +215,6 @@ fn generation_does_not_block_the_async_runtime() {
             "the runtime was blocked during generation"
         );
     });
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropping_the_stream_stops_generation() {
-    let mut options = common::options().with_max_tokens(4000);
-    options.ignore_eos = true;
-    let model = common::model(options);
-    let messages = vec![Message::user("Tell me a very long story.")];
-    let mut stream = model.stream(ModelRequest::new(&messages));
-    let first = stream.next().await.expect("an event").expect("no error");
-    assert!(matches!(first, StreamEvent::TextDelta(_)), "{first:?}");
-    assert_eq!(model.active_generations(), 1);
-    drop(stream);
-    // 4000 tokens would take minutes; a cancelled worker exits after its current token.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while model.active_generations() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "generation kept running after the stream was dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[test]

@@ -1,12 +1,61 @@
 //! A thread: one conversation, made of the runs on it. Holds the folded state so a run
 //! continues where the last one stopped; the log itself lives in the store.
+//!
+//! Human input that arrives out of band — an approval decided with `keel approve`, a
+//! reply to a question — is recorded here ([`Thread::approve`], [`Thread::deny`],
+//! [`Thread::answer_user`]) through the journal, like every other event; the caller then
+//! continues the run with [`crate::Agent::resume`].
 
-use keel_core::{EventStore, RunState, StoreError, new_id};
+use keel_core::planner::ASK_USER;
+use keel_core::{EventKind, EventStore, RunState, StoreError, new_id};
 
-/// A conversation the caller owns. Fork or reset it by loading another one from the store.
+use crate::context::RunContext;
+use crate::journal::Journal;
+use crate::outcome::RunError;
+use crate::runner::{ok_outcome, tool_finished};
+
+/// A conversation the caller owns. Fork or reset it by loading another one from the store
+/// (reset = a new thread, e.g. [`Thread::new`], run by the same agent).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     state: RunState,
+}
+
+/// Why a human decision or answer could not be recorded on a thread.
+#[derive(Debug, thiserror::Error)]
+pub enum HumanInputError {
+    /// Appending failed (a `Conflict` means another process is driving the thread).
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The thread has no run in progress.
+    #[error("thread {0} has no run in progress (it is empty or its last run ended)")]
+    NoRunInProgress(String),
+    /// The call is not waiting for an approval decision.
+    #[error("call {call_id} on thread {thread_id} is not awaiting approval: {why}")]
+    NotAwaitingApproval {
+        /// Thread.
+        thread_id: String,
+        /// Call.
+        call_id: String,
+        /// What is the matter (unknown call, already decided, already finished…).
+        why: String,
+    },
+    /// The run in progress is not waiting for the user.
+    #[error("thread {0} is not waiting for a user's answer")]
+    NotAwaitingUser(String),
+}
+
+impl HumanInputError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Run(RunError::Store(StoreError::Conflict { .. })) => "conflict",
+            Self::Run(_) => "store",
+            Self::NoRunInProgress(_) => "no_run_in_progress",
+            Self::NotAwaitingApproval { .. } => "not_awaiting_approval",
+            Self::NotAwaitingUser(_) => "not_awaiting_user",
+        }
+    }
 }
 
 impl Default for Thread {
@@ -55,5 +104,146 @@ impl Thread {
         let target = new_id("thr");
         store.fork_thread(id, at_seq, &target).await?;
         Self::load(store, &target).await
+    }
+
+    /// Whether the stored log has no events.
+    pub fn is_empty(&self) -> bool {
+        self.state.next_seq() == 0
+    }
+
+    /// Records a human's approval of `call_id` (which must be awaiting approval in the
+    /// run in progress). Continue the run with [`crate::Agent::resume`].
+    pub async fn approve(
+        &mut self,
+        ctx: &RunContext,
+        call_id: &str,
+        by: Option<String>,
+    ) -> Result<(), HumanInputError> {
+        self.check_awaiting_approval(call_id)?;
+        let kind = EventKind::ApprovalGranted {
+            call_id: call_id.to_string(),
+            by,
+        };
+        self.append_to_run(ctx, kind).await
+    }
+
+    /// Records a human's denial of `call_id`; the model is told (as a `denied` tool
+    /// result) when the run continues.
+    pub async fn deny(
+        &mut self,
+        ctx: &RunContext,
+        call_id: &str,
+        reason: Option<String>,
+    ) -> Result<(), HumanInputError> {
+        self.check_awaiting_approval(call_id)?;
+        let kind = EventKind::ApprovalDenied {
+            call_id: call_id.to_string(),
+            reason,
+        };
+        self.append_to_run(ctx, kind).await
+    }
+
+    /// Records the user's answer to the question the run in progress is waiting on (an
+    /// unanswered `ask_user` call, or a pending question). Continue the run with
+    /// [`crate::Agent::resume`]. When no run waits (e.g. it ended `clarify_needed`), start
+    /// a new run with the answer as its user message instead.
+    pub async fn answer_user(
+        &mut self,
+        ctx: &RunContext,
+        answer: &str,
+    ) -> Result<(), HumanInputError> {
+        if !self.state.run_in_progress() {
+            return Err(HumanInputError::NoRunInProgress(self.id().to_string()));
+        }
+        let ask_call = self
+            .state
+            .unanswered_calls()
+            .find(|p| p.call.name == ASK_USER)
+            .map(|p| p.call.clone());
+        let awaiting = self
+            .state
+            .run()
+            .is_some_and(|run| run.awaiting_user.is_some());
+        let events = ctx.store.load(self.id()).await.map_err(RunError::from)?;
+        let mut journal = self.journal(ctx, events);
+        match ask_call {
+            Some(call) => {
+                let outcome = ok_outcome(&journal, &call, serde_json::json!({ "answer": answer }));
+                let span = journal.run_span().to_string();
+                journal
+                    .append_batch(vec![(tool_finished(call, outcome, None), span)])
+                    .await?;
+            }
+            None if awaiting => {
+                journal
+                    .append(EventKind::UserAnswered {
+                        answer: answer.to_string(),
+                    })
+                    .await?;
+            }
+            None => return Err(HumanInputError::NotAwaitingUser(self.id().to_string())),
+        }
+        Ok(())
+    }
+
+    fn check_awaiting_approval(&self, call_id: &str) -> Result<(), HumanInputError> {
+        if !self.state.run_in_progress() {
+            return Err(HumanInputError::NoRunInProgress(self.id().to_string()));
+        }
+        let not_awaiting = |why: &str| HumanInputError::NotAwaitingApproval {
+            thread_id: self.id().to_string(),
+            call_id: call_id.to_string(),
+            why: why.to_string(),
+        };
+        let Some(pending) = self.state.pending_call(call_id) else {
+            let waiting: Vec<&str> = self
+                .state
+                .unanswered_calls()
+                .filter(|p| p.requires_approval && p.approval.is_none())
+                .map(|p| p.call.id.as_str())
+                .collect();
+            return Err(not_awaiting(&if waiting.is_empty() {
+                "no such pending call, and no call waits for approval".to_string()
+            } else {
+                format!("no such pending call; waiting: {}", waiting.join(", "))
+            }));
+        };
+        if pending.finished {
+            return Err(not_awaiting("it already has a result"));
+        }
+        if !pending.requires_approval {
+            return Err(not_awaiting("it does not need approval"));
+        }
+        match pending.approval {
+            Some(true) => Err(not_awaiting("it was already approved")),
+            Some(false) => Err(not_awaiting("it was already denied")),
+            None => Ok(()),
+        }
+    }
+
+    async fn append_to_run(
+        &mut self,
+        ctx: &RunContext,
+        kind: EventKind,
+    ) -> Result<(), HumanInputError> {
+        let events = ctx.store.load(self.id()).await.map_err(RunError::from)?;
+        let mut journal = self.journal(ctx, events);
+        journal.append(kind).await?;
+        Ok(())
+    }
+
+    /// A journal continuing the run in progress, given the stored log.
+    fn journal<'a>(
+        &'a mut self,
+        ctx: &'a RunContext,
+        events: Vec<keel_core::Event>,
+    ) -> Journal<'a> {
+        let run_id = self
+            .state
+            .run()
+            .map(|run| run.run_id.clone())
+            .unwrap_or_default();
+        let run_events = events.into_iter().filter(|e| e.run_id == run_id).collect();
+        Journal::resume(self, ctx, run_events)
     }
 }

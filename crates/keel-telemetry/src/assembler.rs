@@ -8,11 +8,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{Duration, Utc};
 use keel_core::{EndState, Event, EventKind, Message, Part, Role, ToolResultKind};
 
 use crate::ids::{derive_span_id, derive_trace_id, valid_span_id, valid_trace_id};
-use crate::run_spans::{OpenSpan, RunSpans, clip, int, s, snake};
+use crate::run_spans::{
+    OpenSpan, RunSpans, clip, close_children, finish_root, int, open_tool, s, snake,
+};
 use crate::spans::{
     AttrValue, Completed, SpanEventRecord, SpanKind, SpanOptions, SpanStatus, finish_reason,
     split_model,
@@ -284,7 +286,7 @@ impl SpanAssembler {
                 );
             }
             EventKind::ToolCallStarted { call_id, name } => {
-                let open = Self::open_tool(run, event, call_id, name, capture);
+                let open = open_tool(run, event, call_id, name, capture);
                 run.tools.insert(call_id.clone(), open);
             }
             EventKind::ApprovalGranted { call_id, .. }
@@ -311,7 +313,7 @@ impl SpanAssembler {
                     Some(open) => open,
                     None => {
                         let mut open =
-                            Self::open_tool(run, event, &result.call_id, &result.name, capture);
+                            open_tool(run, event, &result.call_id, &result.name, capture);
                         open.start = event.ts
                             - Duration::milliseconds(
                                 i64::try_from(result.outcome.latency_ms).unwrap_or(0),
@@ -324,6 +326,12 @@ impl SpanAssembler {
                     "keel.tool.attempts".into(),
                     int(u64::from(result.outcome.attempts)),
                 );
+                if !result.outcome.repairs.is_empty() {
+                    a.insert(
+                        "keel.tool.repairs".into(),
+                        AttrValue::StrArray(result.outcome.repairs.clone()),
+                    );
+                }
                 a.insert(
                     "keel.tool.latency_ms".into(),
                     int(result.outcome.latency_ms),
@@ -478,6 +486,31 @@ impl SpanAssembler {
                     SpanStatus::Ok,
                 )));
             }
+            EventKind::PolicyApplied {
+                call_id,
+                tool,
+                error_code,
+                decision,
+            } => {
+                if let Some(root) = run.root.as_mut() {
+                    let mut attributes = BTreeMap::new();
+                    attributes.insert("gen_ai.tool.call.id".into(), s(call_id.clone()));
+                    attributes.insert("gen_ai.tool.name".into(), s(tool.clone()));
+                    attributes.insert("keel.tool.error_code".into(), s(error_code.as_str()));
+                    let decision = serde_json::to_value(decision).unwrap_or_default();
+                    let action = decision
+                        .get("action")
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string)
+                        .unwrap_or_else(|| decision.to_string());
+                    attributes.insert("keel.policy.decision".into(), s(action));
+                    root.events.push(SpanEventRecord {
+                        name: "policy_applied".into(),
+                        ts: event.ts,
+                        attributes,
+                    });
+                }
+            }
             EventKind::Notice { code, message, .. } => {
                 if let Some(root) = run.root.as_mut() {
                     let mut attributes = BTreeMap::new();
@@ -495,10 +528,10 @@ impl SpanAssembler {
                 reason,
                 final_text,
             } => {
-                let mut done = Self::close_children(run, event.ts, "run ended first");
+                let mut done = close_children(run, event.ts, "run ended first");
                 out.append(&mut done);
                 if let Some(mut root) = run.root.take() {
-                    Self::finish_root(
+                    finish_root(
                         run,
                         &mut root,
                         Some(*end_state),
@@ -533,101 +566,6 @@ impl SpanAssembler {
         out
     }
 
-    fn open_tool(
-        run: &mut RunSpans,
-        event: &Event,
-        call_id: &str,
-        name: &str,
-        capture: bool,
-    ) -> OpenSpan {
-        let id = run.new_id(&event.span_id, &event.run_id, &format!("tool:{call_id}"));
-        let mut a = run.base_attrs("execute_tool");
-        a.insert("gen_ai.tool.name".into(), s(name));
-        a.insert("gen_ai.tool.call.id".into(), s(call_id));
-        a.insert("gen_ai.tool.type".into(), s("function"));
-        a.insert("openinference.span.kind".into(), s("TOOL"));
-        let mut start = event.ts;
-        if let Some((requested_at, args, effect, approval)) = run.requested.remove(call_id) {
-            if let Some(e) = effect {
-                a.insert("keel.tool.effect".into(), s(e));
-            }
-            a.insert(
-                "keel.tool.requires_approval".into(),
-                AttrValue::Bool(approval),
-            );
-            if capture {
-                a.insert("gen_ai.tool.call.arguments".into(), s(clip(args)));
-            }
-            if matches!(event.kind, EventKind::ToolCallFinished { .. }) {
-                start = requested_at;
-            }
-        }
-        OpenSpan {
-            span_id: id,
-            name: format!("execute_tool {name}"),
-            kind: SpanKind::Internal,
-            start,
-            attributes: a,
-            events: Vec::new(),
-        }
-    }
-
-    fn close_children(run: &mut RunSpans, at: DateTime<Utc>, why: &str) -> Vec<Completed> {
-        let parent = run.root_id();
-        let mut out = Vec::new();
-        if let Some((_, open)) = run.chat.take() {
-            out.push(Completed::Span(run.close(
-                open,
-                parent.clone(),
-                at,
-                SpanStatus::Error {
-                    message: why.into(),
-                },
-            )));
-        }
-        let mut tools: Vec<(String, OpenSpan)> = run.tools.drain().collect();
-        tools.sort_by(|a, b| a.0.cmp(&b.0));
-        for (_, open) in tools {
-            out.push(Completed::Span(run.close(
-                open,
-                parent.clone(),
-                at,
-                SpanStatus::Error {
-                    message: why.into(),
-                },
-            )));
-        }
-        out
-    }
-
-    fn finish_root(
-        run: &RunSpans,
-        root: &mut OpenSpan,
-        end_state: Option<EndState>,
-        reason: Option<&str>,
-        final_text: Option<&str>,
-        capture: bool,
-    ) {
-        let a = &mut root.attributes;
-        a.insert(
-            "keel.end_state".into(),
-            s(end_state.map(EndState::as_str).unwrap_or("incomplete")),
-        );
-        if let Some(r) = reason {
-            a.insert("keel.end_reason".into(), s(r));
-        }
-        if capture && let Some(t) = final_text {
-            a.insert("keel.final_text".into(), s(clip(t.to_string())));
-        }
-        a.insert("gen_ai.usage.input_tokens".into(), int(run.input_tokens));
-        a.insert("gen_ai.usage.output_tokens".into(), int(run.output_tokens));
-        a.insert("keel.cost_usd".into(), AttrValue::Float(run.cost_usd));
-        a.insert("keel.model_calls".into(), AttrValue::Int(run.model_calls));
-        a.insert("keel.tool_calls".into(), AttrValue::Int(run.tool_calls));
-        a.insert("keel.tool_errors".into(), AttrValue::Int(run.tool_errors));
-        a.insert("keel.retries".into(), AttrValue::Int(run.retries));
-    }
-
     /// Ends every open span (at its run's last event time) without an end state, e.g. on
     /// shutdown while runs are still going. Their root spans carry `keel.end_state =
     /// incomplete`.
@@ -638,13 +576,13 @@ impl SpanAssembler {
         for (_, mut run) in runs {
             let at = run.last_ts.unwrap_or_else(Utc::now);
             out.extend(run.turns.flush().into_iter().map(Completed::Turn));
-            out.append(&mut Self::close_children(
+            out.append(&mut close_children(
                 &mut run,
                 at,
                 "telemetry shut down before the call finished",
             ));
             if let Some(mut root) = run.root.take() {
-                Self::finish_root(&run, &mut root, None, None, None, false);
+                finish_root(&run, &mut root, None, None, None, false);
                 out.push(Completed::Span(run.close(
                     root,
                     None,

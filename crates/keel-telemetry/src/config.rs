@@ -49,7 +49,7 @@ pub struct TelemetryConfig {
     pub metrics: bool,
     /// How often metrics are exported, in milliseconds.
     pub metrics_interval_ms: u64,
-    /// Directory of per-trace JSONL files; `None` disables trace files.
+    /// Directory of per-trace JSONL files; `None` or `""` disables trace files.
     pub trace_dir: Option<PathBuf>,
     /// Put message text, tool arguments and results on spans (opt-in; redacted either way).
     pub capture_content: bool,
@@ -115,7 +115,7 @@ pub struct LogConfig {
     pub level: String,
     /// Human-readable log lines to stderr.
     pub console: bool,
-    /// JSON log file (rolled by `rotation`); `None` disables the file.
+    /// JSON log file (rolled by `rotation`); `None` or `""` disables the file.
     pub file: Option<PathBuf>,
     /// `never`, `hourly` or `daily`.
     pub rotation: String,

@@ -115,7 +115,12 @@ pub fn build_subscriber(
             ))
             .with_target(true)
     });
-    let (file_layer, guard) = match &config.log.file {
+    let (file_layer, guard) = match config
+        .log
+        .file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
         Some(path) => {
             let dir = path
                 .parent()

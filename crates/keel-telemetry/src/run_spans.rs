@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use keel_core::Message;
+use keel_core::{EndState, Event, EventKind, Message};
 use serde::Serialize;
 
 use crate::ids::{derive_span_id, valid_span_id};
 use crate::spans::{
-    AttrValue, MAX_CONTENT_ATTR, SpanEventRecord, SpanKind, SpanRecord, SpanStatus,
+    AttrValue, Completed, MAX_CONTENT_ATTR, SpanEventRecord, SpanKind, SpanRecord, SpanStatus,
 };
 use crate::turns::TurnTracker;
 
@@ -131,4 +131,99 @@ impl RunSpans {
             events: open.events,
         }
     }
+}
+
+pub(crate) fn open_tool(
+    run: &mut RunSpans,
+    event: &Event,
+    call_id: &str,
+    name: &str,
+    capture: bool,
+) -> OpenSpan {
+    let id = run.new_id(&event.span_id, &event.run_id, &format!("tool:{call_id}"));
+    let mut a = run.base_attrs("execute_tool");
+    a.insert("gen_ai.tool.name".into(), s(name));
+    a.insert("gen_ai.tool.call.id".into(), s(call_id));
+    a.insert("gen_ai.tool.type".into(), s("function"));
+    a.insert("openinference.span.kind".into(), s("TOOL"));
+    let mut start = event.ts;
+    if let Some((requested_at, args, effect, approval)) = run.requested.remove(call_id) {
+        if let Some(e) = effect {
+            a.insert("keel.tool.effect".into(), s(e));
+        }
+        a.insert(
+            "keel.tool.requires_approval".into(),
+            AttrValue::Bool(approval),
+        );
+        if capture {
+            a.insert("gen_ai.tool.call.arguments".into(), s(clip(args)));
+        }
+        if matches!(event.kind, EventKind::ToolCallFinished { .. }) {
+            start = requested_at;
+        }
+    }
+    OpenSpan {
+        span_id: id,
+        name: format!("execute_tool {name}"),
+        kind: SpanKind::Internal,
+        start,
+        attributes: a,
+        events: Vec::new(),
+    }
+}
+
+pub(crate) fn close_children(run: &mut RunSpans, at: DateTime<Utc>, why: &str) -> Vec<Completed> {
+    let parent = run.root_id();
+    let mut out = Vec::new();
+    if let Some((_, open)) = run.chat.take() {
+        out.push(Completed::Span(run.close(
+            open,
+            parent.clone(),
+            at,
+            SpanStatus::Error {
+                message: why.into(),
+            },
+        )));
+    }
+    let mut tools: Vec<(String, OpenSpan)> = run.tools.drain().collect();
+    tools.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, open) in tools {
+        out.push(Completed::Span(run.close(
+            open,
+            parent.clone(),
+            at,
+            SpanStatus::Error {
+                message: why.into(),
+            },
+        )));
+    }
+    out
+}
+
+pub(crate) fn finish_root(
+    run: &RunSpans,
+    root: &mut OpenSpan,
+    end_state: Option<EndState>,
+    reason: Option<&str>,
+    final_text: Option<&str>,
+    capture: bool,
+) {
+    let a = &mut root.attributes;
+    a.insert(
+        "keel.end_state".into(),
+        s(end_state.map(EndState::as_str).unwrap_or("incomplete")),
+    );
+    if let Some(r) = reason {
+        a.insert("keel.end_reason".into(), s(r));
+    }
+    if capture && let Some(t) = final_text {
+        a.insert("keel.final_text".into(), s(clip(t.to_string())));
+    }
+    a.insert("gen_ai.usage.input_tokens".into(), int(run.input_tokens));
+    a.insert("gen_ai.usage.output_tokens".into(), int(run.output_tokens));
+    a.insert("keel.cost_usd".into(), AttrValue::Float(run.cost_usd));
+    a.insert("keel.model_calls".into(), AttrValue::Int(run.model_calls));
+    a.insert("keel.tool_calls".into(), AttrValue::Int(run.tool_calls));
+    a.insert("keel.tool_errors".into(), AttrValue::Int(run.tool_errors));
+    a.insert("keel.retries".into(), AttrValue::Int(run.retries));
 }

@@ -251,7 +251,11 @@ fn worker_main(
         assembler: SpanAssembler::new(SpanOptions {
             capture_content: config.capture_content,
         }),
-        files: config.trace_dir.clone().map(TraceFileWriter::new),
+        files: config
+            .trace_dir
+            .clone()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(TraceFileWriter::new),
         exporter,
         buffer: Vec::new(),
         max_batch: config.max_batch_size,

@@ -10,7 +10,7 @@ use keel_core::observation::render_for_model;
 use keel_core::planner::{ASK_USER, AskUserArgs, REPLAN, ReplanArgs};
 use keel_core::policy::{PolicyContext, PolicyDecision, missing_required_fields};
 use keel_core::state::PendingCall;
-use keel_core::{EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind};
+use keel_core::{Effect, EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind};
 
 use super::{error_outcome, ok_outcome, tool_finished};
 use crate::agent::Agent;
@@ -21,9 +21,19 @@ use crate::outcome::{RunError, RunStatus};
 
 pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<PendingCall>) -> Result<(), RunError> {
     let is_executed = |p: &PendingCall| p.approval != Some(false) && p.call.name != ASK_USER && p.call.name != REPLAN;
+    // A call that started before a crash and never finished: re-run it only when repeating
+    // it is harmless; a mutating call gets an "interrupted" outcome and goes to the policy.
+    let (interrupted, calls): (Vec<PendingCall>, Vec<PendingCall>) =
+        calls.into_iter().partition(|p| is_executed(p) && p.started && !may_repeat(agent, &p.call.name));
+    for pending in interrupted {
+        settle_interrupted(agent, journal, pending.call).await?;
+    }
+    if calls.is_empty() {
+        return Ok(());
+    }
     let started: Vec<(EventKind, String)> = calls
         .iter()
-        .filter(|p| is_executed(p))
+        .filter(|p| is_executed(p) && !p.started)
         .map(|p| (EventKind::ToolCallStarted { call_id: p.call.id.clone(), name: p.call.name.clone() }, new_span_id()))
         .collect();
     journal.append_batch(started).await?;
@@ -96,6 +106,51 @@ pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, call
         critique_observations(agent, journal, &committed).await?;
     }
     Ok(())
+}
+
+/// Whether a call of this tool may run again after an interruption: its effect is
+/// read-only or idempotent (an unknown tool is never run, so repeating it is harmless).
+fn may_repeat(agent: &Agent, name: &str) -> bool {
+    agent.executor.spec(name).is_none_or(|spec| spec.effect != Effect::Mutating)
+}
+
+/// Records the outcome of a mutating call that started but never finished (the process
+/// stopped mid-call): it is NOT executed again. The model is told it may or may not have
+/// taken effect, with its idempotency key, and the policy decides what follows.
+async fn settle_interrupted(agent: &Agent, journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
+    let idempotency_key = format!("{}:{}", journal.thread_id(), call.id);
+    let mut outcome = error_outcome(
+        journal,
+        &call,
+        ToolErrorCode::Cancelled,
+        format!(
+            "this call was interrupted (the process driving the run stopped while it ran); it may or may not have \
+             taken effect and was not re-executed because `{}` is mutating. Check its effect before calling it again \
+             (idempotency key {idempotency_key}).",
+            call.name
+        ),
+    );
+    if let ToolResultKind::Error { details, .. } = &mut outcome.result {
+        *details = Some(serde_json::json!({
+            "interrupted": true,
+            "may_have_run": true,
+            "idempotency_key": idempotency_key,
+        }));
+    }
+    // A fallback tool is not run in place of a call whose effect is unknown.
+    let decision = decide_policy(agent, journal, &call, &outcome, false)
+        .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
+    let mut batch = vec![(tool_finished(call.clone(), outcome.clone(), None), new_span_id())];
+    if let Some(decision) = decision {
+        if let PolicyDecision::AskUser { question, missing_fields } = &decision {
+            batch.push((
+                EventKind::UserAsked { question: question.clone(), missing_fields: missing_fields.clone() },
+                new_span_id(),
+            ));
+        }
+        batch.push(policy_event(&call, &outcome, decision));
+    }
+    journal.append_batch(batch).await
 }
 
 fn policy_event(call: &ToolCall, outcome: &ToolOutcome, decision: PolicyDecision) -> (EventKind, String) {

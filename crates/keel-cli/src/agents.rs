@@ -1,0 +1,367 @@
+//! Shared by every command that drives runs (`run`, `resume`, `approve`, `deny`, `reply`,
+//! `worker`): the agent flags (model, tools, budget, approvals), the store flag, building
+//! the agent — including a scripted model positioned where a resumed run left off — and
+//! the run context (observers, approval prompt).
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use keel_core::{
+    Budget, CancellationToken, Event, EventKind, EventStore, Model, ModelCapabilities, ModelError,
+    ModelRequest, StreamEvent, ToolCall, ToolRegistry,
+};
+use keel_runtime::{
+    Agent, ApprovalDecision, ApprovalHandler, RunApprovalMode, RunContext, RunError,
+};
+use keel_testkit::{ScriptStep, ScriptedModel};
+use serde::{Deserialize, Serialize};
+
+use crate::CliError;
+use crate::models::{self, ModelArgs};
+use crate::output::{OutputFormat, TextPrinter};
+use crate::test_tools;
+
+/// The default store: a SQLite file under the working directory.
+pub const DEFAULT_STORE: &str = "sqlite://.keel/keel.db";
+
+/// `--store`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// The event store: sqlite://PATH (default .keel/keel.db), postgres://..., or memory:.
+    #[arg(long, value_name = "URL", env = "KEEL_STORE", default_value = DEFAULT_STORE)]
+    pub store: String,
+}
+
+impl StoreArgs {
+    /// Opens the store (event log and run queue).
+    pub async fn open(&self) -> Result<keel_store::OpenedStore, CliError> {
+        keel_store::open(&self.store)
+            .await
+            .map_err(|e| CliError::failure(format!("cannot open store {}: {e}", self.store)))
+    }
+
+    /// Opens the event log only.
+    pub async fn events(&self) -> Result<Arc<dyn EventStore>, CliError> {
+        Ok(self.open().await?.events)
+    }
+}
+
+/// `--approve` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApproveFlag {
+    /// Only tools declared `approval: always` need approval.
+    #[default]
+    Auto,
+    /// Every tool call needs approval.
+    Ask,
+    /// Calls that need approval are denied.
+    Deny,
+}
+
+impl ApproveFlag {
+    fn mode(self) -> RunApprovalMode {
+        match self {
+            Self::Auto => RunApprovalMode::Auto,
+            Self::Ask => RunApprovalMode::Ask,
+            Self::Deny => RunApprovalMode::Deny,
+        }
+    }
+}
+
+/// The flags that define the agent.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Make a tool available (repeatable). See `keel tools list`.
+    #[arg(long = "tool", value_name = "NAME")]
+    pub tools: Vec<String>,
+    /// Maximum model calls in the run.
+    #[arg(long, value_name = "N")]
+    pub max_turns: Option<u32>,
+    /// System instructions for the agent.
+    #[arg(long, value_name = "TEXT")]
+    pub instructions: Option<String>,
+    /// Which calls need approval: auto (tools declared so), ask (every call), deny (deny them).
+    /// Without a terminal on stdin, a call needing approval pauses the run (exit 10).
+    #[arg(long, value_enum, default_value_t = ApproveFlag::Auto)]
+    pub approve: ApproveFlag,
+}
+
+/// The agent flags as data (the payload of `keel submit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentSpec {
+    /// `--model`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// `--base-url`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `--script`, made absolute.
+    #[serde(default)]
+    pub script: Option<PathBuf>,
+    /// `--tool`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// `--max-turns`.
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    /// `--instructions`.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// `--approve`.
+    #[serde(default)]
+    pub approve: ApproveFlag,
+}
+
+impl AgentArgs {
+    /// The flags as data (script path made absolute so another process can find it).
+    pub fn spec(&self) -> Result<AgentSpec, CliError> {
+        let script = match &self.model.script {
+            Some(path) => Some(std::path::absolute(path).map_err(|e| {
+                CliError::usage(format!("--script {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        Ok(AgentSpec {
+            model: self.model.model.clone(),
+            base_url: self.model.base_url.clone(),
+            script,
+            tools: self.tools.clone(),
+            max_turns: self.max_turns,
+            instructions: self.instructions.clone(),
+            approve: self.approve,
+        })
+    }
+}
+
+/// A built agent, and the scripted model behind it when there is one.
+pub struct Built {
+    /// The agent.
+    pub agent: Agent,
+    /// The scripted model (to record its requests).
+    pub scripted: Option<Arc<ScriptedModel>>,
+}
+
+impl AgentSpec {
+    /// Builds the agent. `consumed_steps` is how many model answers the run being resumed
+    /// already has: a script continues at that step (0 for a new run).
+    pub fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
+        let (model, scripted): (Arc<dyn Model>, Option<Arc<ScriptedModel>>) = match &self.script {
+            Some(path) => {
+                let (model, scripted) = scripted_from(path, consumed_steps)?;
+                (model, Some(scripted))
+            }
+            None => {
+                let selected = models::select(&ModelArgs {
+                    model: self.model.clone(),
+                    base_url: self.base_url.clone(),
+                    script: None,
+                })?;
+                (selected.model, selected.scripted)
+            }
+        };
+        let tools = select_tools(&self.tools)?;
+        let mut budget = Budget::default();
+        if let Some(turns) = self.max_turns {
+            if turns == 0 {
+                return Err(CliError::usage("--max-turns must be at least 1"));
+            }
+            budget.max_turns = Some(turns);
+        }
+        let agent = Agent::builder("keel", model)
+            .instructions(self.instructions.clone().unwrap_or_else(|| {
+                "You are a helpful assistant. Use the tools when they help; answer concisely."
+                    .into()
+            }))
+            .tools(tools)
+            .budget(budget)
+            .build();
+        Ok(Built { agent, scripted })
+    }
+
+    /// The run context: the store, a live printer in text mode, the approval mode, an
+    /// interactive approval prompt when stdin is a terminal (otherwise approvals defer and
+    /// the run pauses), and the cancellation token.
+    pub fn context(
+        &self,
+        store: Arc<dyn EventStore>,
+        output: OutputFormat,
+        interactive: bool,
+        cancel: CancellationToken,
+    ) -> RunContext {
+        let mut context = RunContext::new(store)
+            .with_cancel(cancel)
+            .with_approval_mode(self.approve.mode());
+        if output == OutputFormat::Text {
+            context = context.with_observer(Arc::new(TextPrinter));
+        }
+        if interactive && std::io::stdin().is_terminal() {
+            context = context.with_approvals(Arc::new(TerminalPrompt));
+        }
+        context
+    }
+}
+
+/// The tools named, from the built-in catalog (plus the test tools when
+/// `KEEL_TEST_TOOLS=1`).
+pub fn select_tools(names: &[String]) -> Result<ToolRegistry, CliError> {
+    let mut catalog =
+        keel_tools::builtin_registry().map_err(|e| CliError::failure(e.to_string()))?;
+    if test_tools::enabled() {
+        test_tools::register(&mut catalog).map_err(|e| CliError::failure(e.to_string()))?;
+    }
+    catalog
+        .subset(names.iter().map(String::as_str))
+        .map_err(|unknown| {
+            CliError::usage(format!(
+                "unknown tool{} {}; available: {}",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", "),
+                catalog.names().collect::<Vec<_>>().join(", ")
+            ))
+        })
+}
+
+/// How many model answers (responses or failures) the run `run_id` has in `events`: the
+/// script step a resumed run continues at.
+pub fn consumed_steps(events: &[Event], run_id: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e.run_id == run_id)
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::ModelResponded { .. } | EventKind::ModelFailed { .. }
+            )
+        })
+        .count()
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ScriptFile {
+    Steps(Vec<ScriptStep>),
+    Object { steps: Vec<ScriptStep> },
+}
+
+/// A scripted model over the steps of `path` from `skip` on. Tool calls without an id get
+/// the id they would have had without skipping (`call_{step}_{n}`), so ids stay unique.
+fn scripted_from(
+    path: &std::path::Path,
+    skip: usize,
+) -> Result<(Arc<dyn Model>, Arc<ScriptedModel>), CliError> {
+    let full = ScriptedModel::from_file(path).map_err(|e| CliError::usage(e.to_string()))?;
+    let id = full.id();
+    if skip == 0 {
+        let scripted = Arc::new(full);
+        return Ok((scripted.clone(), scripted));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("cannot read script {}: {e}", path.display())))?;
+    let file: ScriptFile = serde_json::from_str(&text)
+        .map_err(|e| CliError::usage(format!("cannot parse script {}: {e}", path.display())))?;
+    let (ScriptFile::Steps(steps) | ScriptFile::Object { steps }) = file;
+    let rest: Vec<ScriptStep> = steps
+        .into_iter()
+        .enumerate()
+        .skip(skip)
+        .map(|(index, mut step)| {
+            for (n, call) in step.tool_calls.iter_mut().enumerate() {
+                if call.id.is_none() {
+                    call.id = Some(format!("call_{index}_{n}"));
+                }
+            }
+            step
+        })
+        .collect();
+    let scripted = Arc::new(ScriptedModel::new(rest));
+    let model: Arc<dyn Model> = Arc::new(Renamed {
+        id,
+        inner: scripted.clone(),
+    });
+    Ok((model, scripted))
+}
+
+/// A model under another id (a resumed script keeps its file's id).
+struct Renamed {
+    id: String,
+    inner: Arc<ScriptedModel>,
+}
+
+impl Model for Renamed {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn capabilities(&self) -> ModelCapabilities {
+        self.inner.capabilities()
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        self.inner.stream(request)
+    }
+
+    fn estimate_tokens(&self, request: &ModelRequest<'_>) -> u64 {
+        self.inner.estimate_tokens(request)
+    }
+}
+
+/// Asks on the terminal: `y` approves, `n` (optionally followed by a reason) denies, an
+/// empty line or end of input defers (the run pauses, exit 10).
+struct TerminalPrompt;
+
+#[async_trait]
+impl ApprovalHandler for TerminalPrompt {
+    async fn decide(&self, _thread_id: &str, call: &ToolCall) -> ApprovalDecision {
+        let prompt = format!(
+            "approve {} {} (call {})? [y]es / [n]o [reason] / Enter to decide later: ",
+            call.name, call.arguments, call.id
+        );
+        let line = tokio::task::spawn_blocking(move || {
+            let mut stderr = std::io::stderr().lock();
+            let _ = stderr.write_all(prompt.as_bytes());
+            let _ = stderr.flush();
+            let mut line = String::new();
+            match std::io::stdin().lock().read_line(&mut line) {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some(line),
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(line) = line else {
+            return ApprovalDecision::Defer;
+        };
+        let line = line.trim();
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word.to_ascii_lowercase().as_str() {
+            "y" | "yes" => ApprovalDecision::Approve,
+            "n" | "no" => ApprovalDecision::Deny {
+                reason: Some(rest.trim().to_string()).filter(|r| !r.is_empty()),
+            },
+            _ => ApprovalDecision::Defer,
+        }
+    }
+}
+
+/// A run error as a CLI error; a store conflict means another process drives the thread.
+pub fn run_error(error: RunError) -> CliError {
+    match &error {
+        RunError::Store(keel_core::StoreError::Conflict { thread_id, .. }) => {
+            CliError::failure(format!(
+                "another process is driving thread {thread_id} (append conflict: {error}); \
+                 nothing of this step was written — try again when it is done"
+            ))
+        }
+        _ => CliError::failure(error.to_string()),
+    }
+}

@@ -1,0 +1,208 @@
+//! `keel resume`, `keel approve`, `keel deny` and `keel reply`: continue a stored thread
+//! from another process — after a crash, a pause for approval, or a question to the user.
+//! Each prints the same JSON object as `keel run` and uses the same exit codes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use keel_core::{CancellationToken, EventStore, Message, RunState};
+use keel_runtime::thread::HumanInputError;
+use keel_runtime::{RunOutcome, RunStatus, Thread};
+use serde_json::json;
+
+use crate::CliError;
+use crate::agents::{self, AgentArgs, AgentSpec, StoreArgs};
+use crate::cmd_run::{report, spawn_ctrl_c_handler};
+use crate::output::OutputFormat;
+
+/// Flags of `keel resume`.
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// The thread whose run to continue.
+    #[arg(value_name = "THREAD")]
+    pub thread: String,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Write every request the scripted model received to this JSON file.
+    #[arg(long, value_name = "FILE", requires = "script")]
+    pub record_requests: Option<PathBuf>,
+}
+
+/// Flags of `keel approve` / `keel deny`.
+#[derive(Debug, clap::Args)]
+pub struct DecideArgs {
+    /// The thread.
+    #[arg(value_name = "THREAD")]
+    pub thread: String,
+    /// The call awaiting approval (the `awaiting.call_id` of the paused run).
+    #[arg(value_name = "CALL_ID")]
+    pub call_id: String,
+    /// Why (deny only; shown to the model).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Who decided (approve only; recorded in the log).
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// Only record the decision; do not continue the run.
+    #[arg(long)]
+    pub no_resume: bool,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// Flags of `keel reply`.
+#[derive(Debug, clap::Args)]
+pub struct ReplyArgs {
+    /// The thread.
+    #[arg(value_name = "THREAD")]
+    pub thread: String,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// The answer.
+    #[arg(value_name = "ANSWER", required = true)]
+    pub answer: Vec<String>,
+}
+
+/// Runs `keel resume`.
+pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
+    let spec = args.agent.spec()?;
+    let store = args.store.events().await?;
+    let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+    report(&outcome, args.output, scripted.as_ref(), args.record_requests.as_ref())
+}
+
+/// Runs `keel approve` (`approve = true`) or `keel deny`.
+pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
+    let spec = args.agent.spec()?;
+    if !args.no_resume {
+        // Check the flags before anything is written.
+        spec.build(0)?;
+    }
+    let store = args.store.events().await?;
+    let mut thread = load_existing(store.as_ref(), &args.thread).await?;
+    let context = keel_runtime::RunContext::new(store.clone());
+    let recorded = if approve {
+        thread.approve(&context, &args.call_id, args.by.clone()).await
+    } else {
+        thread.deny(&context, &args.call_id, args.reason.clone()).await
+    };
+    recorded.map_err(human_error)?;
+    let decision = if approve { "approved" } else { "denied" };
+    if args.no_resume {
+        match args.output {
+            OutputFormat::Json => println!(
+                "{}",
+                json!({"thread_id": args.thread, "call_id": args.call_id, "decision": decision})
+            ),
+            OutputFormat::Text => eprintln!("{decision} call {} on thread {}", args.call_id, args.thread),
+        }
+        return Ok(0);
+    }
+    let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+    report(&outcome, args.output, scripted.as_ref(), None)
+}
+
+/// Runs `keel reply`: answers the question a run in progress waits on and continues it,
+/// or — when the last run ended (e.g. `clarify_needed`) — starts a new run on the thread
+/// with the answer as the user message.
+pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
+    let spec = args.agent.spec()?;
+    let store = args.store.events().await?;
+    let answer = args.answer.join(" ");
+    let mut thread = load_existing(store.as_ref(), &args.thread).await?;
+    if thread.state().run_in_progress() {
+        spec.build(0)?;
+        let context = keel_runtime::RunContext::new(store.clone());
+        thread.answer_user(&context, &answer).await.map_err(human_error)?;
+        let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+        return report(&outcome, args.output, scripted.as_ref(), None);
+    }
+    let built = spec.build(0)?;
+    let cancel = CancellationToken::new();
+    spawn_ctrl_c_handler(cancel.clone());
+    let context = spec.context(store, args.output, true, cancel);
+    let outcome = built
+        .agent
+        .run(vec![Message::user(answer)], &mut thread, &context)
+        .await
+        .map_err(agents::run_error)?;
+    report(&outcome, args.output, built.scripted.as_ref(), None)
+}
+
+/// Continues the run in progress on a stored thread (a scripted model continues at the
+/// step the run reached); when its last run already ended, returns that run's outcome.
+pub async fn continue_thread(
+    spec: &AgentSpec,
+    store: Arc<dyn EventStore>,
+    thread_id: &str,
+    output: OutputFormat,
+) -> Result<(RunOutcome, Option<Arc<keel_testkit::ScriptedModel>>), CliError> {
+    let events = store
+        .load(thread_id)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot load thread {thread_id}: {e}")))?;
+    if events.is_empty() {
+        return Err(CliError::failure(format!(
+            "thread {thread_id} has no events: nothing to resume (start it with `keel run --thread {thread_id} MESSAGE`)"
+        )));
+    }
+    let state = RunState::from_events(thread_id, &events);
+    let Some(run) = state.run() else {
+        return Err(CliError::failure(format!("thread {thread_id} has no run to resume")));
+    };
+    if let Some(end_state) = run.ended {
+        let outcome = RunOutcome::from_run_events(
+            thread_id,
+            &run.run_id,
+            &events,
+            RunStatus::Ended { end_state },
+        );
+        return Ok((outcome, None));
+    }
+    let built = spec.build(agents::consumed_steps(&events, &run.run_id))?;
+    let cancel = CancellationToken::new();
+    spawn_ctrl_c_handler(cancel.clone());
+    let context = spec.context(store.clone(), output, true, cancel);
+    let mut thread = Thread::load(store.as_ref(), thread_id)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot load thread {thread_id}: {e}")))?;
+    let outcome = built
+        .agent
+        .resume(&mut thread, &context)
+        .await
+        .map_err(agents::run_error)?;
+    Ok((outcome, built.scripted))
+}
+
+/// Loads a thread that must exist.
+pub async fn load_existing(store: &dyn EventStore, id: &str) -> Result<Thread, CliError> {
+    let thread = Thread::load(store, id)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?;
+    if thread.is_empty() {
+        return Err(CliError::failure(format!("thread {id} does not exist in this store")));
+    }
+    Ok(thread)
+}
+
+fn human_error(error: HumanInputError) -> CliError {
+    match error {
+        HumanInputError::Run(run) => agents::run_error(run),
+        other => CliError::failure(format!("{} ({})", other, other.code())),
+    }
+}
