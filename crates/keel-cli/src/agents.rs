@@ -63,7 +63,8 @@ pub enum ApproveFlag {
 }
 
 impl ApproveFlag {
-    fn mode(self) -> RunApprovalMode {
+    /// The runtime's approval mode.
+    pub fn mode(self) -> RunApprovalMode {
         match self {
             Self::Auto => RunApprovalMode::Auto,
             Self::Ask => RunApprovalMode::Ask,

@@ -5,10 +5,15 @@
 //! 10 awaiting approval, 130 cancelled.
 
 mod cmd_mock_llm;
+mod agents;
+mod cmd_resume;
 mod cmd_run;
+mod cmd_threads;
 mod cmd_tools;
+mod cmd_worker;
 mod models;
 mod output;
+mod test_tools;
 
 use std::process::ExitCode;
 
@@ -29,6 +34,24 @@ struct Cli {
 enum Command {
     /// Run an agent on a message and print what happens.
     Run(cmd_run::RunArgs),
+    /// Continue a stored thread's run after a crash or a pause (same JSON as `run`).
+    Resume(cmd_resume::ResumeArgs),
+    /// Approve a call awaiting approval, then continue the run (unless --no-resume).
+    Approve(cmd_resume::DecideArgs),
+    /// Deny a call awaiting approval (the model is told), then continue the run.
+    Deny(cmd_resume::DecideArgs),
+    /// Answer the agent's question: continue the waiting run, or start a new run on the
+    /// thread with the answer (after `clarify_needed`).
+    Reply(cmd_resume::ReplyArgs),
+    /// List, show, fork and delete stored threads.
+    Threads {
+        #[command(subcommand)]
+        command: cmd_threads::ThreadsCommand,
+    },
+    /// Enqueue a run for `keel worker` processes and print its thread id.
+    Submit(cmd_worker::SubmitArgs),
+    /// Lease queued runs from the store and drive them (scale-out).
+    Worker(cmd_worker::WorkerArgs),
     /// Inspect the tool catalog.
     Tools {
         #[command(subcommand)]
@@ -88,6 +111,13 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => cmd_run::run(args).await,
+            Command::Resume(args) => cmd_resume::resume(args).await,
+            Command::Approve(args) => cmd_resume::decide(args, true).await,
+            Command::Deny(args) => cmd_resume::decide(args, false).await,
+            Command::Reply(args) => cmd_resume::reply(args).await,
+            Command::Threads { command } => cmd_threads::run(command).await,
+            Command::Submit(args) => cmd_worker::submit(args).await,
+            Command::Worker(args) => cmd_worker::worker(args).await,
             Command::Tools { command } => cmd_tools::run(command),
             Command::MockLlm(args) => cmd_mock_llm::run(args).await,
         }

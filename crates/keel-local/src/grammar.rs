@@ -26,6 +26,9 @@ pub const CALL_OPEN: &str = "<tool_call>";
 /// The literal that closes a tool-call block.
 pub const CALL_CLOSE: &str = "</tool_call>";
 
+/// Free text that cannot be mistaken for a tool-call block (it does not start with `<`).
+const TEXT_RULE: &str = "answer: TEXT\nTEXT: /[^<\\s](?s:.)*/\n";
+
 /// What the grammar allows on one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Constraint {
@@ -84,6 +87,8 @@ pub fn build_constraint(
         }
         return Ok(match answer {
             Some(rule) => Constraint::Lark(format!("start: answer\n{rule}")),
+            // Tools exist but must not be called: no text that imitates a call block.
+            None if !tools.is_empty() => Constraint::Lark(format!("start: answer\n{TEXT_RULE}")),
             None => Constraint::Free,
         });
     }
@@ -93,7 +98,7 @@ pub fn build_constraint(
     } else {
         lark.push_str("start: answer | calls\n");
         // Free text that cannot be mistaken for a tool-call block.
-        lark.push_str(&answer.unwrap_or_else(|| "answer: TEXT\nTEXT: /[^<\\s](?s:.)*/\n".into()));
+        lark.push_str(&answer.unwrap_or_else(|| TEXT_RULE.to_string()));
     }
     let more = options.max_tool_calls.saturating_sub(1);
     if more == 0 {
@@ -342,8 +347,14 @@ mod tests {
             panic!("expected a grammar")
         };
         assert!(required.starts_with("start: calls"));
+        let Constraint::Lark(none) =
+            build_constraint(&tools, &ToolChoice::None, None, &options).unwrap()
+        else {
+            panic!("expected a text grammar")
+        };
+        assert!(none.contains("TEXT: /[^<"), "{none}");
         assert_eq!(
-            build_constraint(&tools, &ToolChoice::None, None, &options).unwrap(),
+            build_constraint(&[], &ToolChoice::Auto, None, &options).unwrap(),
             Constraint::Free
         );
         assert_eq!(

@@ -1,7 +1,8 @@
 //! Renders a [`ModelRequest`] into chat turns (role, content) for the model's chat
 //! template: the tool catalogue goes into the system turn, earlier tool calls are written
 //! back in the same `<tool_call>[...]</tool_call>` form the grammar produces, and tool
-//! results become `<tool_response>` user turns (small chat templates have no tool role).
+//! results become user turns saying what each tool returned (small chat templates have no
+//! tool role).
 
 use serde_json::{Value, json};
 
@@ -174,7 +175,8 @@ mod tests {
         request.system = Some("Be brief.");
         let turns = render(&request);
         assert_eq!(turns.len(), 3);
-        assert!(turns[0].content.starts_with("Be brief.\n\nYou have access"));
+        assert!(turns[0].content.starts_with("Be brief.\n\n"));
+        assert!(turns[0].content.contains("You have access to the following tools"));
         assert!(turns[0].content.contains("\"name\":\"calculator\""));
         assert_eq!(
             turns[2].content,

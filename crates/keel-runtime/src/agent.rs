@@ -35,6 +35,7 @@ pub struct Agent {
     pub(crate) planner_mode: PlannerMode,
     pub(crate) max_invalid_actions: u32,
     pub(crate) action_schema: Option<serde_json::Value>,
+    pub(crate) context: crate::compaction::ContextConfig,
 }
 
 impl std::fmt::Debug for Agent {
@@ -69,6 +70,7 @@ impl Agent {
             planner_mode: PlannerMode::Native,
             control_tools: true,
             max_invalid_actions: 2,
+            context: crate::compaction::ContextSettings::default(),
         }
     }
 
@@ -142,9 +144,60 @@ pub struct AgentBuilder {
     planner_mode: PlannerMode,
     control_tools: bool,
     max_invalid_actions: u32,
+    context: crate::compaction::ContextSettings,
 }
 
 impl AgentBuilder {
+    /// The context strategy keeping requests within the context window (default
+    /// `truncate`): `truncate`, `summarize` or `importance`.
+    pub fn context_strategy(mut self, kind: keel_core::context::StrategyKind) -> Self {
+        self.context.kind = Some(kind);
+        self.context.custom = None;
+        self
+    }
+
+    /// A custom context strategy (replaces the built-in one).
+    pub fn custom_context_strategy(
+        mut self,
+        strategy: Arc<dyn keel_core::context::ContextStrategy>,
+    ) -> Self {
+        self.context.custom = Some(strategy);
+        self
+    }
+
+    /// Turns context management off: requests are sent as they are, however large.
+    pub fn disable_context_management(mut self) -> Self {
+        self.context.kind = None;
+        self.context.custom = None;
+        self
+    }
+
+    /// Overrides the model's context window (tokens) used for the token budget.
+    pub fn context_window(mut self, tokens: u32) -> Self {
+        self.context.context_window = Some(tokens);
+        self
+    }
+
+    /// Longest tool result the model sees, in characters (default 40,000); longer ones are
+    /// cut with an `[OUTPUT TRUNCATED: ...]` notice.
+    pub fn max_tool_result_chars(mut self, chars: usize) -> Self {
+        self.context.max_tool_result_chars = chars;
+        self
+    }
+
+    /// The model that writes summaries for the `summarize` strategy (default: the agent's
+    /// model), e.g. a cheaper one.
+    pub fn summarizer_model(mut self, model: Arc<dyn Model>) -> Self {
+        self.context.summarizer = Some(model);
+        self
+    }
+
+    /// Longest a compaction (including its summarization call) may take (default 120 s).
+    pub fn compaction_timeout(mut self, timeout: Duration) -> Self {
+        self.context.timeout = timeout;
+        self
+    }
+
     /// The policy table deciding what follows a failed tool call (default: seed 000's).
     pub fn policy(mut self, policy: PolicyTable) -> Self {
         self.policy = policy;
@@ -293,6 +346,7 @@ impl AgentBuilder {
             planner_mode: self.planner_mode,
             max_invalid_actions: self.max_invalid_actions,
             action_schema,
+            context: self.context.build(),
         }
     }
 }

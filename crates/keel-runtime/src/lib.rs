@@ -12,6 +12,7 @@
 //! the `Model` and `EventStore` traits of `keel-core` and the [`RunObserver`] trait here.
 
 pub mod agent;
+pub mod compaction;
 pub mod context;
 pub mod executor;
 pub mod journal;

@@ -14,6 +14,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel_core::EndState;
@@ -310,5 +311,75 @@ async fn spans_of_a_tool_using_run_arrive_in_phoenix_over_http_and_grpc() {
     let grpc_trace = grpc_run[0].trace_id.clone();
     let spans = fetch_spans(phoenix.http_port, &project, &grpc_trace, 4).await;
     check_structure(&spans, &grpc_trace, 2);
+    drop(phoenix);
+}
+
+/// Feeds a live run's events to the sink, as the CLI does.
+struct SinkObserver(Arc<TelemetrySink>);
+
+impl keel_runtime::RunObserver for SinkObserver {
+    fn on_event(&self, event: &keel_core::Event) {
+        self.0.record(event);
+    }
+}
+
+/// A real run — `Agent::run` with a scripted model and the real calculator tool — exported
+/// to Phoenix while it happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_scripted_run_is_exported_to_phoenix() {
+    use keel_core::{Message, ToolRegistry};
+    use keel_runtime::{Agent, RunContext, Thread};
+    use keel_testkit::{ScriptStep, ScriptedModel};
+
+    let phoenix = start_phoenix().await;
+    let traces = tempfile::tempdir().unwrap();
+    let project = format!("keel-live-{}", std::process::id());
+    let mut config = TelemetryConfig {
+        endpoint: Some(format!("http://127.0.0.1:{}", phoenix.http_port)),
+        protocol: OtlpProtocol::Http,
+        trace_dir: Some(traces.path().to_path_buf()),
+        metrics: false,
+        ..TelemetryConfig::default()
+    };
+    config.resource_attributes.insert("openinference.project.name".into(), project.clone());
+    let sink = Arc::new(TelemetrySink::new(&config).unwrap());
+
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("calculator", serde_json::json!({"expression": "17*23"})),
+        ScriptStep::text("17*23 = 391"),
+    ]));
+    let mut tools = ToolRegistry::new();
+    tools.register_typed(keel_tools::Calculator).unwrap();
+    let agent = Agent::builder("calc", model).tools(tools).build();
+    let ctx = RunContext::default().with_observer(Arc::new(SinkObserver(sink.clone())));
+    let mut thread = Thread::new();
+    let outcome = agent.run(vec![Message::user("17*23?")], &mut thread, &ctx).await.unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    drop(ctx);
+    let sink = Arc::try_unwrap(sink).unwrap_or_else(|_| panic!("sink still shared"));
+    let stats = sink.shutdown().await.unwrap();
+    assert_eq!(stats.export_errors, 0, "{:?}", stats.last_error);
+
+    let spans = fetch_spans(phoenix.http_port, &project, &outcome.trace_id, 4).await;
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let root = spans.iter().find(|s| s["name"] == "invoke_agent calc").unwrap_or_else(|| panic!("{names:?}"));
+    assert!(root["parent_id"].is_null());
+    let root_id = root["context"]["span_id"].as_str().unwrap();
+    let children: Vec<&Value> = spans.iter().filter(|s| s["parent_id"] == root_id).collect();
+    assert_eq!(children.iter().filter(|s| s["name"].as_str().unwrap().starts_with("chat ")).count(), 2, "{names:?}");
+    let tool = children.iter().find(|s| s["name"] == "execute_tool calculator").unwrap_or_else(|| panic!("{names:?}"));
+    let mut attrs = BTreeMap::new();
+    flatten("", &tool["attributes"], &mut attrs);
+    assert_eq!(attrs["gen_ai.tool.name"], "calculator");
+    assert_eq!(attrs["keel.tool.outcome"], "ok");
+    let chat = children.iter().find(|s| s["name"].as_str().unwrap().starts_with("chat ")).unwrap();
+    let mut attrs = BTreeMap::new();
+    flatten("", &chat["attributes"], &mut attrs);
+    assert_eq!(attrs["gen_ai.operation.name"], "chat");
+    assert_eq!(attrs["gen_ai.conversation.id"], Value::from(thread.id()));
+    assert!(attrs.contains_key("gen_ai.usage.input_tokens"));
+    // The per-run trace file exists and holds the run's events.
+    let file = traces.path().join(format!("{}.jsonl", outcome.trace_id));
+    assert!(file.is_file(), "trace file {}", file.display());
     drop(phoenix);
 }

@@ -5,6 +5,10 @@
 //! format. They double as the executor's test fixtures: `failure_injection` fails on
 //! purpose (error, panic or hang) to prove failures are contained.
 //!
+//! [`http`] turns a declaration ([`HttpToolConfig`]: method, URL template, headers from
+//! environment variables, schemas, timeout, retry, effect) into a tool ([`HttpTool`]), so
+//! tools for HTTP services are configuration, not code.
+//!
 //! Tools here must never panic on bad input (except `failure_injection` in `panic` mode,
 //! which exists to do exactly that) and must honour `ToolContext::cancel`.
 
@@ -12,6 +16,7 @@ pub mod calculator;
 pub mod delay;
 pub mod expr;
 pub mod failure_injection;
+pub mod http;
 pub mod ping_pong;
 
 use keel_core::{RegistryError, ToolRegistry};
@@ -19,6 +24,7 @@ use keel_core::{RegistryError, ToolRegistry};
 pub use calculator::Calculator;
 pub use delay::Delay;
 pub use failure_injection::FailureInjection;
+pub use http::{HttpTool, HttpToolConfig, HttpToolError};
 pub use ping_pong::PingPong;
 
 /// Names of the built-in tools.

@@ -29,7 +29,12 @@ pub struct TokenBudget {
 impl TokenBudget {
     /// A budget without correction.
     pub fn new(context_window: u64, reserved_output: u64, fixed: u64) -> Self {
-        Self { context_window, reserved_output, fixed, correction: 1.0 }
+        Self {
+            context_window,
+            reserved_output,
+            fixed,
+            correction: 1.0,
+        }
     }
 
     /// Sets the correction ratio (clamped to 0.25..=4; non-finite values are ignored).
@@ -54,7 +59,8 @@ impl TokenBudget {
 
     /// The most the conversation history may take, in corrected tokens.
     pub fn history_limit(&self) -> u64 {
-        self.request_limit().saturating_sub(self.corrected(self.fixed))
+        self.request_limit()
+            .saturating_sub(self.corrected(self.fixed))
     }
 
     /// An estimate scaled by the correction ratio, rounded up.
@@ -63,7 +69,11 @@ impl TokenBudget {
             return estimate;
         }
         let scaled = (estimate as f64 * self.correction).ceil();
-        if scaled >= u64::MAX as f64 { u64::MAX } else { scaled as u64 }
+        if scaled >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            scaled as u64
+        }
     }
 
     /// Whether a request of this (uncorrected) estimate fits.

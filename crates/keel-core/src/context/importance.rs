@@ -19,7 +19,10 @@ pub struct ImportanceStrategy {
 
 impl Default for ImportanceStrategy {
     fn default() -> Self {
-        Self { target_fraction: DEFAULT_TARGET_FRACTION, keep_recent: 2 }
+        Self {
+            target_fraction: DEFAULT_TARGET_FRACTION,
+            keep_recent: 2,
+        }
     }
 }
 
@@ -28,13 +31,21 @@ pub fn score(unit: &Unit, position: usize, count: usize) -> f64 {
     let base = match unit.kind {
         UnitKind::User => 100.0,
         UnitKind::Summary => 90.0,
-        UnitKind::ToolExchange { has_error: true, .. } => 80.0,
+        UnitKind::ToolExchange {
+            has_error: true, ..
+        } => 80.0,
         UnitKind::AssistantText | UnitKind::Other => 50.0,
-        UnitKind::ToolExchange { has_error: false, .. } => 20.0,
+        UnitKind::ToolExchange {
+            has_error: false, ..
+        } => 20.0,
         UnitKind::OrphanResults => 0.0,
     };
     // Recency: up to +15, so a fresh successful result still ranks below any error.
-    let recency = if count > 1 { 15.0 * position as f64 / (count - 1) as f64 } else { 15.0 };
+    let recency = if count > 1 {
+        15.0 * position as f64 / (count - 1) as f64
+    } else {
+        15.0
+    };
     base + recency
 }
 
@@ -57,7 +68,11 @@ impl ImportanceStrategy {
             .enumerate()
             .filter(|(index, _)| Some(*index) != first_user && *index < protected_from)
             .map(|(index, unit)| {
-                let score = if unit.is_broken() { -1.0 } else { score(unit, index, units.len()) };
+                let score = if unit.is_broken() {
+                    -1.0
+                } else {
+                    score(unit, index, units.len())
+                };
                 (score, index)
             })
             .collect();

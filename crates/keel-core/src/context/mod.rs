@@ -76,7 +76,8 @@ impl fmt::Debug for CompactionInput<'_> {
 impl CompactionInput<'_> {
     /// A message's tokens as the model estimates them, corrected.
     pub fn cost(&self, message: &Message) -> u64 {
-        self.budget.corrected(budget::message_tokens(self.model, message))
+        self.budget
+            .corrected(budget::message_tokens(self.model, message))
     }
 
     /// The history limit to aim for: a fraction of the limit normally, and when forced at
@@ -84,7 +85,11 @@ impl CompactionInput<'_> {
     pub fn target(&self, current: u64, fraction: f64) -> u64 {
         let limit = self.budget.history_limit();
         let aimed = (limit as f64 * fraction.clamp(0.1, 1.0)) as u64;
-        if self.force { aimed.min(current.saturating_mul(3) / 4) } else { aimed }
+        if self.force {
+            aimed.min(current.saturating_mul(3) / 4)
+        } else {
+            aimed
+        }
     }
 }
 
@@ -241,7 +246,11 @@ pub(crate) fn finish(
     let trimmed = trim_to_fit(units, &mut keep, limit);
     let (messages, replaced) = units::assemble(input.messages, units, &keep);
     if replaced.is_empty() {
-        return if before > limit { Err(overflow(input, before)) } else { Ok(None) };
+        return if before > limit {
+            Err(overflow(input, before))
+        } else {
+            Ok(None)
+        };
     }
     let after = units
         .iter()
@@ -257,7 +266,11 @@ pub(crate) fn finish(
         messages,
         replaced,
         summary_usage: None,
-        trimmed: if planned_trim { 0 } else { u32::try_from(trimmed).unwrap_or(u32::MAX) },
+        trimmed: if planned_trim {
+            0
+        } else {
+            u32::try_from(trimmed).unwrap_or(u32::MAX)
+        },
         tokens_before: before,
         tokens_after: after,
     }))

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::units::{self, UnitKind};
+use super::units;
 use super::{Compaction, CompactionInput, ContextError, ContextStrategy};
 use crate::message::{Message, Part, Role};
 use crate::model::{Model, ModelErrorKind, ModelRequest, complete, estimate_text_tokens};
@@ -65,7 +65,13 @@ struct Entry {
 impl SummarizeStrategy {
     /// Default settings with this summarizer.
     pub fn new(summarizer: Option<Arc<dyn Model>>) -> Self {
-        Self { summarizer, threshold: 0.8, keep_recent: 6, recent_fraction: 0.5, max_summary_tokens: 1024 }
+        Self {
+            summarizer,
+            threshold: 0.8,
+            keep_recent: 6,
+            recent_fraction: 0.5,
+            max_summary_tokens: 1024,
+        }
     }
 
     fn threshold_tokens(&self, limit: u64) -> u64 {
@@ -100,8 +106,9 @@ impl SummarizeStrategy {
             messages_kept = messages_kept.saturating_add(unit.range.len());
             tokens_kept = tokens_kept.saturating_add(unit.tokens);
         }
-        let middle: Vec<usize> =
-            (0..recent_start).filter(|i| Some(*i) != first_user).collect();
+        let middle: Vec<usize> = (0..recent_start)
+            .filter(|i| Some(*i) != first_user)
+            .collect();
         if middle.is_empty() {
             // Nothing old enough to summarize: fall back to trimming.
             let keep = vec![true; units.len()];
@@ -133,7 +140,12 @@ impl SummarizeStrategy {
         // Assemble: kept units in order, the summary where the first summarized unit was.
         let mut keep: Vec<bool> = (0..units.len()).map(|i| !middle.contains(&i)).collect();
         let mut used = summary_tokens.saturating_add(
-            units.iter().zip(&keep).filter(|(_, k)| **k).map(|(u, _)| u.tokens).sum::<u64>(),
+            units
+                .iter()
+                .zip(&keep)
+                .filter(|(_, k)| **k)
+                .map(|(u, _)| u.tokens)
+                .sum::<u64>(),
         );
         // Last resort: drop the oldest protected recent units (never the latest one).
         let mut trimmed = 0usize;
@@ -158,7 +170,14 @@ impl SummarizeStrategy {
                 out.push(summary.clone());
             }
             if keep.get(index).copied().unwrap_or(false) {
-                out.extend(input.messages.get(unit.range.clone()).unwrap_or_default().iter().cloned());
+                out.extend(
+                    input
+                        .messages
+                        .get(unit.range.clone())
+                        .unwrap_or_default()
+                        .iter()
+                        .cloned(),
+                );
             } else {
                 match replaced.last_mut() {
                     Some(prev) if prev.end == unit.range.start => prev.end = unit.range.end,
@@ -230,7 +249,8 @@ fn summary_request(messages: &[Message], max_output: u64) -> ModelRequest<'_> {
 
 /// The summarization prompt: the transcript, then the run's decision log.
 fn prompt(entries: &[Entry], digest: &str) -> String {
-    let mut text = String::from("Summarize this earlier part of the conversation:\n\n<transcript>\n");
+    let mut text =
+        String::from("Summarize this earlier part of the conversation:\n\n<transcript>\n");
     for entry in entries {
         text.push_str(&entry.text);
         text.push('\n');
@@ -251,7 +271,9 @@ fn render(message: &Message, entries: &mut Vec<Entry>) {
     let plain = |text: String| Entry { text, tool: None };
     for part in &message.parts {
         match (message.role, part) {
-            (_, Part::Summary { text, .. }) => entries.push(plain(format!("[earlier summary] {text}"))),
+            (_, Part::Summary { text, .. }) => {
+                entries.push(plain(format!("[earlier summary] {text}")))
+            }
             (role, Part::Text { text }) => {
                 let who = match role {
                     Role::User => "user",
@@ -270,7 +292,11 @@ fn render(message: &Message, entries: &mut Vec<Entry>) {
                     "`{}` (call {}) {}: {}",
                     result.name,
                     result.call_id,
-                    if result.is_error() { "FAILED" } else { "returned" },
+                    if result.is_error() {
+                        "FAILED"
+                    } else {
+                        "returned"
+                    },
                     result.content
                 ),
                 tool: Some(result.name.clone()),
@@ -288,7 +314,9 @@ fn prune_middle_out(entries: &mut [Entry], budget: u64) {
         return;
     }
     let middle = entries.len() / 2;
-    let mut order: Vec<usize> = (0..entries.len()).filter(|i| entries.get(*i).is_some_and(|e| e.tool.is_some())).collect();
+    let mut order: Vec<usize> = (0..entries.len())
+        .filter(|i| entries.get(*i).is_some_and(|e| e.tool.is_some()))
+        .collect();
     order.sort_by_key(|i| i.abs_diff(middle));
     for index in order {
         if total <= budget {
@@ -297,8 +325,13 @@ fn prune_middle_out(entries: &mut [Entry], budget: u64) {
         if let Some(entry) = entries.get_mut(index) {
             let tool = entry.tool.take().unwrap_or_default();
             let before = estimate_text_tokens(&entry.text);
-            entry.text = format!("`{tool}` result omitted ({} characters) to fit the summarizer", entry.text.len());
-            total = total.saturating_sub(before).saturating_add(estimate_text_tokens(&entry.text));
+            entry.text = format!(
+                "`{tool}` result omitted ({} characters) to fit the summarizer",
+                entry.text.len()
+            );
+            total = total
+                .saturating_sub(before)
+                .saturating_add(estimate_text_tokens(&entry.text));
         }
     }
 }
@@ -327,7 +360,10 @@ mod tests {
     #[test]
     fn pruning_starts_in_the_middle() {
         let mut entries: Vec<Entry> = (0..5)
-            .map(|i| Entry { text: format!("{i} {}", "x".repeat(400)), tool: Some("t".into()) })
+            .map(|i| Entry {
+                text: format!("{i} {}", "x".repeat(400)),
+                tool: Some("t".into()),
+            })
             .collect();
         let all: u64 = entries.iter().map(|e| estimate_text_tokens(&e.text)).sum();
         prune_middle_out(&mut entries, all - 50);
@@ -337,7 +373,13 @@ mod tests {
 
     #[test]
     fn prompt_carries_the_digest_and_the_rules() {
-        let text = prompt(&[Entry { text: "user: hi".into(), tool: None }], "Decision log:\n- stop\n");
+        let text = prompt(
+            &[Entry {
+                text: "user: hi".into(),
+                tool: None,
+            }],
+            "Decision log:\n- stop\n",
+        );
         assert!(text.contains("user: hi") && text.contains("- stop") && text.contains("URLs"));
     }
 }

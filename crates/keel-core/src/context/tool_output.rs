@@ -34,7 +34,11 @@ fn thousands(n: usize) -> String {
 
 /// The text cut to `max_chars` characters with the notice appended, or `None` when it
 /// fits.
-pub fn truncate_tool_output(text: &str, max_chars: usize, tool: &str) -> Option<(String, usize, usize)> {
+pub fn truncate_tool_output(
+    text: &str,
+    max_chars: usize,
+    tool: &str,
+) -> Option<(String, usize, usize)> {
     let cut = text.char_indices().nth(max_chars).map(|(byte, _)| byte)?;
     let total = text.chars().count();
     let kept = text.get(..cut).unwrap_or_default();
@@ -55,10 +59,16 @@ pub fn truncate_tool_results(message: &mut Message, max_chars: usize) -> Vec<Tru
     let mut cut = Vec::new();
     for part in &mut message.parts {
         if let Part::ToolResult(result) = part
-            && let Some((text, shown, total)) = truncate_tool_output(&result.content, max_chars, &result.name)
+            && let Some((text, shown, total)) =
+                truncate_tool_output(&result.content, max_chars, &result.name)
         {
             result.content = text;
-            cut.push(TruncatedResult { call_id: result.call_id.clone(), tool: result.name.clone(), shown, total });
+            cut.push(TruncatedResult {
+                call_id: result.call_id.clone(),
+                tool: result.name.clone(),
+                shown,
+                total,
+            });
         }
     }
     cut
@@ -81,7 +91,9 @@ mod tests {
         let text = "x".repeat(120_000);
         let (cut, shown, total) = truncate_tool_output(&text, 40_000, "bash").unwrap_or_default();
         assert_eq!((shown, total), (40_000, 120_000));
-        assert!(cut.ends_with("[OUTPUT TRUNCATED: Showing 40,000 of 120,000 characters from bash]"));
+        assert!(
+            cut.ends_with("[OUTPUT TRUNCATED: Showing 40,000 of 120,000 characters from bash]")
+        );
         assert!(truncate_tool_output("short", 10, "t").is_none());
         let (cut, ..) = truncate_tool_output("héllo wörld", 4, "t").unwrap_or_default();
         assert!(cut.starts_with("héll\n"));

@@ -16,7 +16,9 @@ pub struct TruncateStrategy {
 
 impl Default for TruncateStrategy {
     fn default() -> Self {
-        Self { target_fraction: DEFAULT_TARGET_FRACTION }
+        Self {
+            target_fraction: DEFAULT_TARGET_FRACTION,
+        }
     }
 }
 
@@ -43,7 +45,9 @@ impl TruncateStrategy {
             if keep.get(index).copied().unwrap_or(true) {
                 continue;
             }
-            if Some(index) != last && (unit.is_broken() || used.saturating_add(unit.tokens) > target) {
+            if Some(index) != last
+                && (unit.is_broken() || used.saturating_add(unit.tokens) > target)
+            {
                 break;
             }
             if unit.kind == UnitKind::OrphanResults {

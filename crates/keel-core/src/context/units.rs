@@ -45,7 +45,11 @@ impl Unit {
     pub fn is_broken(&self) -> bool {
         matches!(
             self.kind,
-            UnitKind::OrphanResults | UnitKind::ToolExchange { complete: false, .. }
+            UnitKind::OrphanResults
+                | UnitKind::ToolExchange {
+                    complete: false,
+                    ..
+                }
         )
     }
 }
@@ -65,7 +69,12 @@ pub fn split(messages: &[Message], cost: &dyn Fn(&Message) -> u64) -> Vec<Unit> 
             }
             Role::Assistant => UnitKind::AssistantText,
             Role::Tool => UnitKind::OrphanResults,
-            Role::User if message.parts.iter().any(|p| matches!(p, Part::Summary { .. })) => {
+            Role::User
+                if message
+                    .parts
+                    .iter()
+                    .any(|p| matches!(p, Part::Summary { .. })) =>
+            {
                 UnitKind::Summary
             }
             Role::User => UnitKind::User,
@@ -77,7 +86,11 @@ pub fn split(messages: &[Message], cost: &dyn Fn(&Message) -> u64) -> Vec<Unit> 
             .iter()
             .map(cost)
             .fold(0u64, u64::saturating_add);
-        units.push(Unit { range: index..end, tokens, kind });
+        units.push(Unit {
+            range: index..end,
+            tokens,
+            kind,
+        });
         index = end;
     }
     units
@@ -109,12 +122,22 @@ pub fn total(units: &[Unit]) -> u64 {
 }
 
 /// Builds the kept context and the input ranges that were dropped (merged when adjacent).
-pub fn assemble(messages: &[Message], units: &[Unit], keep: &[bool]) -> (Vec<Message>, Vec<Range<usize>>) {
+pub fn assemble(
+    messages: &[Message],
+    units: &[Unit],
+    keep: &[bool],
+) -> (Vec<Message>, Vec<Range<usize>>) {
     let mut out = Vec::new();
     let mut dropped: Vec<Range<usize>> = Vec::new();
     for (unit, kept) in units.iter().zip(keep.iter().copied()) {
         if kept {
-            out.extend(messages.get(unit.range.clone()).unwrap_or_default().iter().cloned());
+            out.extend(
+                messages
+                    .get(unit.range.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .cloned(),
+            );
         } else {
             match dropped.last_mut() {
                 Some(last) if last.end == unit.range.start => last.end = unit.range.end,
@@ -139,13 +162,18 @@ pub fn find_orphan(messages: &[Message]) -> Option<String> {
             Role::Tool => {
                 for result in message.tool_results() {
                     if !open.remove(&result.call_id) {
-                        return Some(format!("message {index}: result for unknown call {}", result.call_id));
+                        return Some(format!(
+                            "message {index}: result for unknown call {}",
+                            result.call_id
+                        ));
                     }
                 }
             }
             _ => {
                 if let Some(call) = open.iter().next() {
-                    return Some(format!("message {index}: call {call} has no result before it"));
+                    return Some(format!(
+                        "message {index}: call {call} has no result before it"
+                    ));
                 }
                 open = message.tool_calls().map(|c| c.id.clone()).collect();
             }

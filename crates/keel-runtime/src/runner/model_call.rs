@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use futures::StreamExt;
+use keel_core::context::{CONTEXT_OVERFLOW_NOTICE, TokenBudget};
 use keel_core::event::{ModelFailure, new_span_id};
 use keel_core::model::ResponseAssembler;
 use keel_core::planner::{self, PlannerAction, PlannerMode};
@@ -17,6 +18,7 @@ use keel_core::{
 };
 
 use crate::agent::Agent;
+use crate::compaction::{self, Prepared};
 use crate::context::ApprovalMode;
 use crate::journal::Journal;
 use crate::outcome::RunError;
@@ -38,7 +40,9 @@ fn request_messages<'m>(agent: &Agent, messages: &'m [Message]) -> Cow<'m, [Mess
                 .map(|message| match message.role {
                     Role::Assistant => {
                         let raw = message.parts.iter().find_map(|p| match p {
-                            Part::ProviderItem { provider, item } if provider == STRUCTURED_PROVIDER => {
+                            Part::ProviderItem { provider, item }
+                                if provider == STRUCTURED_PROVIDER =>
+                            {
                                 item.get("raw").and_then(|r| r.as_str()).map(str::to_string)
                             }
                             _ => None,
@@ -62,7 +66,8 @@ fn request_messages<'m>(agent: &Agent, messages: &'m [Message]) -> Cow<'m, [Mess
 fn system_prompt(agent: &Agent, journal: &Journal<'_>, final_summary: bool) -> Option<String> {
     let mut system = agent.system_prompt.clone();
     if final_summary
-        && let Some((_, reason, action_item)) = journal.state().run().and_then(|r| r.policy_stop.as_ref())
+        && let Some((_, reason, action_item)) =
+            journal.state().run().and_then(|r| r.policy_stop.as_ref())
     {
         system.push_str(&format!(
             "\n\nThe run is stopping: {reason}.{} Do not call any tool. In a few sentences, tell the user what happened{}.",
@@ -83,11 +88,19 @@ fn build_request<'a>(
         system,
         messages,
         tools: &agent.tool_definitions,
-        tool_choice: if final_summary { &NO_TOOLS } else { &agent.tool_choice },
+        tool_choice: if final_summary {
+            &NO_TOOLS
+        } else {
+            &agent.tool_choice
+        },
         temperature: agent.temperature,
         top_p: None,
         max_output_tokens: agent.max_output_tokens,
-        response_schema: if final_summary { None } else { agent.action_schema.as_ref() },
+        response_schema: if final_summary {
+            None
+        } else {
+            agent.action_schema.as_ref()
+        },
     }
 }
 
@@ -98,88 +111,226 @@ pub(super) async fn call_model(
     final_summary: bool,
 ) -> Result<(), RunError> {
     let system = system_prompt(agent, journal, final_summary);
-    let (message_count, estimated) = {
-        let messages = request_messages(agent, journal.state().messages());
-        let request = build_request(agent, &messages, system.as_deref(), final_summary);
-        (messages.len(), agent.model.estimate_tokens(&request))
-    };
-    let span = new_span_id();
-    journal
-        .append_batch(vec![(
-            EventKind::ModelRequested {
-                turn,
-                model: agent.model.id(),
-                message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
-                tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
-                estimated_input_tokens: estimated,
-                provider: agent.model.id().split_once(':').map(|(provider, _)| provider.to_string()),
-                temperature: agent.temperature,
-                max_tokens: agent.max_output_tokens,
-                context_window: Some(u64::from(agent.model.capabilities().context_window)),
-            },
-            span.clone(),
-        )])
-        .await?;
-
-    let started = Instant::now();
-    let mut batch = Vec::new();
-    let result = {
-        let ctx = journal.ctx();
-        let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
-        let messages = request_messages(agent, journal.state().messages());
-        let request = build_request(agent, &messages, system.as_deref(), final_summary);
-        let mut stream = agent.model.stream(request);
-        let mut assembler = ResponseAssembler::new();
-        loop {
-            let next = tokio::select! {
-                next = tokio::time::timeout(agent.stream_idle_timeout, stream.next()) => next,
-                () = ctx.cancel.cancelled() => break Err(None),
-            };
-            match next {
-                Err(_) => {
-                    break Err(Some(ModelError::new(
-                        ModelErrorKind::Timeout,
-                        format!("the model stream was silent for {} s", agent.stream_idle_timeout.as_secs()),
-                    )));
-                }
-                Ok(None) if assembler.is_complete() => break Ok(assembler.finish()),
-                Ok(None) => {
-                    break Err(Some(ModelError::new(
-                        ModelErrorKind::StreamInterrupted,
-                        "the model stream ended before the answer was complete",
-                    )));
-                }
-                Ok(Some(Err(error))) => break Err(Some(error)),
-                Ok(Some(Ok(event))) => {
-                    for observer in &ctx.observers {
-                        observer.on_stream(thread_id, run_id, &event);
-                    }
-                    match &event {
-                        StreamEvent::Retry { attempt, error, wait_ms, .. } => batch.push((
-                            EventKind::Retry {
-                                scope: "model".into(),
-                                attempt: *attempt,
-                                class: error.to_string(),
-                                wait_ms: *wait_ms,
-                                call_id: None,
-                            },
-                            span.clone(),
-                        )),
-                        StreamEvent::Restart => batch.push((
-                            EventKind::Notice {
-                                code: "stream_restarted".into(),
-                                message: "the model stream restarted; partial output was discarded".into(),
-                                data: None,
-                            },
-                            span.clone(),
-                        )),
-                        _ => {}
-                    }
-                    assembler.push(&event);
-                }
+    // Set after the provider reported a context overflow: compact once more, retry once.
+    let mut overflowed = false;
+    loop {
+        let (budget, estimated) = measure(agent, journal, system.as_deref(), final_summary);
+        match compaction::prepare(agent, journal, budget, estimated, overflowed).await? {
+            Prepared::Ready => {}
+            Prepared::Cancelled => return Ok(()),
+            Prepared::Overflow(error) => {
+                let failure = ModelFailure {
+                    kind: ModelErrorKind::ContextOverflow,
+                    message: error.to_string(),
+                    status: None,
+                };
+                return journal
+                    .append(EventKind::ModelFailed {
+                        turn,
+                        error: failure,
+                    })
+                    .await;
             }
         }
-    };
+        let (message_count, estimated) = {
+            let messages = request_messages(agent, journal.state().messages());
+            let request = build_request(agent, &messages, system.as_deref(), final_summary);
+            (messages.len(), agent.model.estimate_tokens(&request))
+        };
+        let span = new_span_id();
+        let window = agent
+            .context
+            .context_window
+            .unwrap_or(agent.model.capabilities().context_window);
+        journal
+            .append_batch(vec![(
+                EventKind::ModelRequested {
+                    turn,
+                    model: agent.model.id(),
+                    message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
+                    tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
+                    estimated_input_tokens: estimated,
+                    provider: agent
+                        .model
+                        .id()
+                        .split_once(':')
+                        .map(|(provider, _)| provider.to_string()),
+                    temperature: agent.temperature,
+                    max_tokens: agent.max_output_tokens,
+                    context_window: Some(u64::from(window)),
+                },
+                span.clone(),
+            )])
+            .await?;
+        let started = Instant::now();
+        let mut batch = Vec::new();
+        let result = stream_answer(
+            agent,
+            journal,
+            system.as_deref(),
+            final_summary,
+            &span,
+            &mut batch,
+        )
+        .await;
+        if let Err(Some(error)) = &result
+            && error.kind == ModelErrorKind::ContextOverflow
+        {
+            let (budget, estimated) = measure(agent, journal, system.as_deref(), final_summary);
+            let request_tokens = budget.corrected(estimated);
+            let limit = budget.request_limit();
+            if !overflowed && agent.context.strategy.is_some() {
+                overflowed = true;
+                batch.push((
+                    EventKind::Notice {
+                        code: CONTEXT_OVERFLOW_NOTICE.into(),
+                        message: format!(
+                            "the provider rejected a request of ~{request_tokens} estimated tokens (limit {limit}): {}; compacting and retrying once",
+                            error.message
+                        ),
+                        data: Some(serde_json::json!({ "request_tokens": request_tokens, "limit_tokens": limit, "context_window": budget.context_window })),
+                    },
+                    span,
+                ));
+                journal.append_batch(batch).await?;
+                continue;
+            }
+            batch.push((
+                EventKind::ModelFailed {
+                    turn,
+                    error: ModelFailure {
+                        kind: ModelErrorKind::ContextOverflow,
+                        message: format!(
+                            "the request (~{request_tokens} estimated tokens) does not fit the context limit of {limit} tokens (context window {}, {} reserved for output, 10% safety margin){}: {}",
+                            budget.context_window,
+                            budget.reserved_output,
+                            if overflowed { " even after compaction" } else { "" },
+                            error.message
+                        ),
+                        status: error.status,
+                    },
+                },
+                span,
+            ));
+            return journal.append_batch(batch).await;
+        }
+        return finish_call(
+            agent,
+            journal,
+            turn,
+            final_summary,
+            result,
+            started,
+            span,
+            batch,
+        )
+        .await;
+    }
+}
+
+/// The token budget and the estimated size of the request as it would be sent now.
+fn measure(
+    agent: &Agent,
+    journal: &Journal<'_>,
+    system: Option<&str>,
+    final_summary: bool,
+) -> (TokenBudget, u64) {
+    let messages = request_messages(agent, journal.state().messages());
+    let request = build_request(agent, &messages, system, final_summary);
+    (
+        compaction::request_budget(agent, journal, &request),
+        agent.model.estimate_tokens(&request),
+    )
+}
+
+/// Streams one answer, forwarding deltas to observers and collecting retry and restart
+/// records into `batch`. `Err(None)` means cancelled.
+async fn stream_answer(
+    agent: &Agent,
+    journal: &Journal<'_>,
+    system: Option<&str>,
+    final_summary: bool,
+    span: &str,
+    batch: &mut Vec<(EventKind, String)>,
+) -> Result<ModelResponse, Option<ModelError>> {
+    let ctx = journal.ctx();
+    let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
+    let messages = request_messages(agent, journal.state().messages());
+    let request = build_request(agent, &messages, system, final_summary);
+    let mut stream = agent.model.stream(request);
+    let mut assembler = ResponseAssembler::new();
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(agent.stream_idle_timeout, stream.next()) => next,
+            () = ctx.cancel.cancelled() => return Err(None),
+        };
+        match next {
+            Err(_) => {
+                return Err(Some(ModelError::new(
+                    ModelErrorKind::Timeout,
+                    format!(
+                        "the model stream was silent for {} s",
+                        agent.stream_idle_timeout.as_secs()
+                    ),
+                )));
+            }
+            Ok(None) if assembler.is_complete() => return Ok(assembler.finish()),
+            Ok(None) => {
+                return Err(Some(ModelError::new(
+                    ModelErrorKind::StreamInterrupted,
+                    "the model stream ended before the answer was complete",
+                )));
+            }
+            Ok(Some(Err(error))) => return Err(Some(error)),
+            Ok(Some(Ok(event))) => {
+                for observer in &ctx.observers {
+                    observer.on_stream(thread_id, run_id, &event);
+                }
+                match &event {
+                    StreamEvent::Retry {
+                        attempt,
+                        error,
+                        wait_ms,
+                        ..
+                    } => batch.push((
+                        EventKind::Retry {
+                            scope: "model".into(),
+                            attempt: *attempt,
+                            class: error.to_string(),
+                            wait_ms: *wait_ms,
+                            call_id: None,
+                        },
+                        span.to_string(),
+                    )),
+                    StreamEvent::Restart => batch.push((
+                        EventKind::Notice {
+                            code: "stream_restarted".into(),
+                            message: "the model stream restarted; partial output was discarded"
+                                .into(),
+                            data: None,
+                        },
+                        span.to_string(),
+                    )),
+                    _ => {}
+                }
+                assembler.push(&event);
+            }
+        }
+    }
+}
+
+/// Journals the answer (or the failure) of a call.
+#[allow(clippy::too_many_arguments)]
+async fn finish_call(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    turn: u32,
+    final_summary: bool,
+    result: Result<ModelResponse, Option<ModelError>>,
+    started: Instant,
+    span: String,
+    mut batch: Vec<(EventKind, String)>,
+) -> Result<(), RunError> {
     let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     match result {
         Ok(mut response) => {
@@ -224,7 +375,11 @@ pub(super) async fn call_model(
         Err(Some(error)) => batch.push((
             EventKind::ModelFailed {
                 turn,
-                error: ModelFailure { kind: error.kind, message: error.message, status: error.status },
+                error: ModelFailure {
+                    kind: error.kind,
+                    message: error.message,
+                    status: error.status,
+                },
             },
             span,
         )),
@@ -244,18 +399,40 @@ fn structured_action(
 ) -> Vec<(EventKind, String)> {
     let raw = response.message.text();
     let tool_names: Vec<&str> = agent.tools.names().collect();
-    let raw_item = Part::ProviderItem { provider: STRUCTURED_PROVIDER.into(), item: serde_json::json!({ "raw": raw }) };
+    let raw_item = Part::ProviderItem {
+        provider: STRUCTURED_PROVIDER.into(),
+        item: serde_json::json!({ "raw": raw }),
+    };
     let call = |name: &str, arguments: serde_json::Value| {
-        Part::ToolCall(ToolCall { id: format!("act_{turn}"), name: name.to_string(), arguments: arguments.to_string() })
+        Part::ToolCall(ToolCall {
+            id: format!("act_{turn}"),
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+        })
     };
     let notice = |code: &str, message: String| {
-        (EventKind::Notice { code: code.into(), message, data: None }, span.to_string())
+        (
+            EventKind::Notice {
+                code: code.into(),
+                message,
+                data: None,
+            },
+            span.to_string(),
+        )
     };
     let parts = match planner::parse_action(&raw, &tool_names) {
         Err(error) => {
-            let attempt = journal.state().run().map(|r| r.invalid_actions).unwrap_or(0).saturating_add(1);
+            let attempt = journal
+                .state()
+                .run()
+                .map(|r| r.invalid_actions)
+                .unwrap_or(0)
+                .saturating_add(1);
             return vec![
-                notice(INVALID_ACTION_NOTICE, format!("invalid action (attempt {attempt}): {error}")),
+                notice(
+                    INVALID_ACTION_NOTICE,
+                    format!("invalid action (attempt {attempt}): {error}"),
+                ),
                 (
                     EventKind::UserMessage {
                         message: Message::user(format!(
@@ -267,16 +444,29 @@ fn structured_action(
             ];
         }
         Ok(PlannerAction::CallTool { name, args }) => vec![raw_item, call(&name, args)],
-        Ok(PlannerAction::AskUser { question, missing_fields }) => vec![
+        Ok(PlannerAction::AskUser {
+            question,
+            missing_fields,
+        }) => vec![
             raw_item,
-            call(planner::ASK_USER, serde_json::json!({ "question": question, "missing_fields": missing_fields })),
+            call(
+                planner::ASK_USER,
+                serde_json::json!({ "question": question, "missing_fields": missing_fields }),
+            ),
         ],
         Ok(PlannerAction::Replan { subgoals }) => {
-            vec![raw_item, call(planner::REPLAN, serde_json::json!({ "subgoals": subgoals }))]
+            vec![
+                raw_item,
+                call(planner::REPLAN, serde_json::json!({ "subgoals": subgoals })),
+            ]
         }
         Ok(PlannerAction::Stop { reason }) => vec![raw_item, Part::Text { text: reason }],
     };
     response.message.parts = parts;
     let reset = journal.state().run().is_some_and(|r| r.invalid_actions > 0);
-    if reset { vec![notice(VALID_ACTION_NOTICE, "valid action".into())] } else { Vec::new() }
+    if reset {
+        vec![notice(VALID_ACTION_NOTICE, "valid action".into())]
+    } else {
+        Vec::new()
+    }
 }

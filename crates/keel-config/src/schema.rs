@@ -1,0 +1,398 @@
+//! The typed schema of `keel.toml`: one struct per section, all `deny_unknown_fields`, all
+//! with defaults so an empty (or absent) file is a valid configuration. Sections owned by
+//! other crates are reused as they are: `[telemetry]` is [`keel_telemetry::TelemetryConfig`],
+//! `[[mcp.servers]]` entries are [`keel_mcp::McpServerConfig`], `[policies]` is
+//! [`keel_core::PolicyTable`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use keel_core::context::StrategyKind;
+use keel_core::{Budget, ObservationMode, PlannerMode, PolicyTable, RuleCritic};
+use keel_mcp::McpServerConfig;
+use keel_runtime::RunApprovalMode as ApprovalMode;
+use keel_telemetry::TelemetryConfig;
+use serde::{Deserialize, Serialize};
+
+/// The default store URL.
+pub const DEFAULT_STORE_URL: &str = "sqlite://.keel/keel.db";
+
+/// The whole `keel.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeelConfig {
+    /// `[defaults]`: what `keel run` / `keel chat` use when no flag says otherwise.
+    pub defaults: Defaults,
+    /// `[providers.<name>]`: how to reach each model provider.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// `[models.<alias>]`: named model settings usable wherever a model spec is expected.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// `[agents.<name>]`: agents declared inline or by reference to an agent file.
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// `[tools]`: which built-in tools are offered and declarative HTTP tools.
+    pub tools: ToolsConfig,
+    /// `[mcp]`: MCP servers connected at start-up.
+    pub mcp: McpConfig,
+    /// `[store]`: where threads and events are kept.
+    pub store: StoreConfig,
+    /// `[telemetry]`: export, trace files, redaction, logs (owned by keel-telemetry).
+    pub telemetry: TelemetryConfig,
+    /// `[policies]`: what happens after a tool call fails (keel-core's policy table).
+    pub policies: PolicyTable,
+    /// `[approvals]`: which tool calls need a human decision.
+    pub approvals: ApprovalsConfig,
+}
+
+/// Output format of `keel run`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object describing the outcome.
+    Json,
+}
+
+/// `[defaults]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Defaults {
+    /// Default model: `provider:model` or a `[models.<alias>]` name (`--model`).
+    pub model: Option<String>,
+    /// Default agent: an `[agents.<name>]` name or a path to an agent file (`--agent`).
+    pub agent: Option<String>,
+    /// Default approval mode (`--approve`); `[approvals] mode` wins when both are set.
+    pub approve: Option<ApprovalMode>,
+    /// Output format of `keel run` (`--output`).
+    pub output: OutputFormat,
+}
+
+/// `[providers.<name>]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// The wire protocol when `<name>` is not a built-in provider (`openai`,
+    /// `openai-responses`, `anthropic`, `openrouter`, `ollama`), e.g. a company proxy
+    /// speaking the OpenAI API.
+    pub kind: Option<String>,
+    /// Base URL of the API (`--base-url`).
+    pub base_url: Option<String>,
+    /// Environment variable holding the API key (default: the provider's usual one).
+    pub api_key_env: Option<String>,
+    /// Time allowed to open a connection, in milliseconds.
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest silence allowed while waiting for (or streaming) a response, in milliseconds.
+    pub idle_timeout_ms: Option<u64>,
+    /// Refuse any base URL that is not loopback.
+    pub loopback_only: bool,
+    /// Retry policy for retryable failures.
+    pub retry: Option<RetrySettings>,
+}
+
+/// `[providers.<name>.retry]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Total attempts including the first (1 = no retries).
+    pub max_attempts: Option<u32>,
+    /// First backoff delay, in milliseconds.
+    pub initial_delay_ms: Option<u64>,
+    /// Upper bound of one backoff delay, in milliseconds.
+    pub max_delay_ms: Option<u64>,
+    /// Growth factor between attempts.
+    pub factor: Option<f64>,
+}
+
+/// `[models.<alias>]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `provider:model`, e.g. `anthropic:claude-sonnet-4-5`.
+    pub model: String,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Maximum output tokens per call.
+    pub max_output_tokens: Option<u32>,
+    /// Overrides the model's context window, in tokens.
+    pub context_window: Option<u32>,
+    /// Overrides the built-in price of the model.
+    pub pricing: Option<PricingOverride>,
+}
+
+/// `[models.<alias>.pricing]`, USD per million tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PricingOverride {
+    /// Uncached input.
+    pub input: f64,
+    /// Output.
+    pub output: f64,
+    /// Input read from the prompt cache.
+    pub cache_read: f64,
+    /// Input written to the prompt cache.
+    pub cache_write: f64,
+}
+
+/// `[agents.<name>]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// An agent file (relative to keel.toml) holding the agent; the keys below override it.
+    pub file: Option<PathBuf>,
+    /// One line saying what the agent is for.
+    pub description: Option<String>,
+    /// System instructions.
+    pub instructions: Option<String>,
+    /// A file (relative to keel.toml) holding the instructions.
+    pub instructions_file: Option<PathBuf>,
+    /// Model: `provider:model` or a `[models.<alias>]` name.
+    pub model: Option<String>,
+    /// Tool names offered to the agent (built-in, HTTP and `<server>__<tool>` MCP tools).
+    pub tools: Vec<String>,
+    /// Run budget.
+    pub budget: Option<BudgetConfig>,
+    /// `native` or `structured`.
+    pub planner: Option<PlannerMode>,
+    /// What the model sees of tool results: `raw`, `normalized` or `both`.
+    pub observation: Option<ObservationMode>,
+    /// Rule critic checked on the final answer.
+    pub critic: Option<CriticConfig>,
+    /// Context window management.
+    pub context: Option<ContextSection>,
+    /// Approval mode of this agent's runs.
+    pub approve: Option<ApprovalMode>,
+}
+
+/// `[agents.<name>.budget]`. Unset fields keep the defaults (16 turns, 10 minutes); `0`
+/// means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Maximum model calls in a run.
+    pub max_turns: Option<u32>,
+    /// Maximum wall-clock time of a run, in milliseconds.
+    pub max_wall_clock_ms: Option<u64>,
+    /// Maximum input plus output tokens over a run.
+    pub max_tokens: Option<u64>,
+    /// Maximum cost over a run, in US dollars.
+    pub max_cost_usd: Option<f64>,
+}
+
+impl BudgetConfig {
+    /// The budget: the defaults overridden by the set fields (`0` = unlimited).
+    pub fn to_budget(&self) -> Budget {
+        let mut budget = Budget::default();
+        if let Some(v) = self.max_turns {
+            budget.max_turns = (v > 0).then_some(v);
+        }
+        if let Some(v) = self.max_wall_clock_ms {
+            budget.max_wall_clock_ms = (v > 0).then_some(v);
+        }
+        if let Some(v) = self.max_tokens {
+            budget.max_tokens = (v > 0).then_some(v);
+        }
+        if let Some(v) = self.max_cost_usd {
+            budget.max_cost_usd = (v > 0.0).then_some(v);
+        }
+        budget
+    }
+}
+
+/// `[agents.<name>.critic]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticConfig {
+    /// Rejections of a final answer allowed before the run fails with the critic's gaps.
+    pub max_rejections: Option<u32>,
+    /// The rules; all must hold for the final answer to be accepted.
+    pub rules: Vec<CriticRule>,
+}
+
+/// One rule of a rule critic (`[[agents.<name>.critic.rules]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CriticRule {
+    /// A successful call of `tool` whose arguments have every field of `args` non-empty.
+    RequireCall {
+        /// The tool.
+        tool: String,
+        /// Argument fields that must be present and non-empty.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+    /// The final answer mentions `text` (case-insensitive); otherwise `gap` is reported.
+    RequireInAnswer {
+        /// The text to find.
+        text: String,
+        /// The gap reported when it is missing.
+        gap: String,
+    },
+}
+
+impl CriticConfig {
+    /// The rule critic these rules describe.
+    pub fn to_rule_critic(&self) -> RuleCritic {
+        self.rules
+            .iter()
+            .fold(RuleCritic::new(), |critic, rule| match rule {
+                CriticRule::RequireCall { tool, args } => {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    critic.require_successful_call(tool, &args)
+                }
+                CriticRule::RequireInAnswer { text, gap } => critic.require_in_answer(text, gap),
+            })
+    }
+}
+
+/// A context strategy name (`[agents.<name>.context] strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextStrategyName {
+    /// Drop the oldest turns.
+    #[default]
+    Truncate,
+    /// Summarize older turns with a model.
+    Summarize,
+    /// Keep the most important messages.
+    Importance,
+    /// No context management.
+    None,
+}
+
+impl ContextStrategyName {
+    /// The keel-core strategy, `None` when management is disabled.
+    pub fn kind(self) -> Option<StrategyKind> {
+        match self {
+            Self::Truncate => Some(StrategyKind::Truncate),
+            Self::Summarize => Some(StrategyKind::Summarize),
+            Self::Importance => Some(StrategyKind::Importance),
+            Self::None => None,
+        }
+    }
+}
+
+/// `[agents.<name>.context]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextSection {
+    /// `truncate`, `summarize`, `importance` or `none`.
+    pub strategy: ContextStrategyName,
+    /// Overrides the model's context window, in tokens.
+    pub context_window: Option<u32>,
+    /// Longest tool result the model sees, in characters.
+    pub max_tool_result_chars: Option<usize>,
+    /// Longest a compaction may take, in milliseconds.
+    pub timeout_ms: Option<u64>,
+}
+
+/// `[tools]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// Built-in tools offered (`None`: all of them).
+    pub builtin: Option<Vec<String>>,
+    /// Declarative HTTP tools (`[[tools.http]]`). Kept as tables here and validated by
+    /// keel-tools' HTTP tool configuration when the tools are built.
+    pub http: Vec<toml::Table>,
+}
+
+/// `[mcp]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// `[[mcp.servers]]`.
+    pub servers: Vec<McpServerConfig>,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://PATH`, a plain path, `postgres://...` or `memory:` (`--store`).
+    pub url: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { url: DEFAULT_STORE_URL.into() }
+    }
+}
+
+/// `[approvals]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    /// Approval mode for all tools (`auto`, `ask`, `deny`; `--approve`).
+    pub mode: Option<ApprovalMode>,
+    /// Per-tool overrides: tool name → mode.
+    pub tools: BTreeMap<String, ApprovalMode>,
+}
+
+/// A model setting resolved from a spec or an alias.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedModel {
+    /// The provider (`openai`, or a `[providers.<name>]` name).
+    pub provider: String,
+    /// The model name at the provider.
+    pub model: String,
+    /// The alias's settings, when the spec named one.
+    pub settings: Option<ModelConfig>,
+}
+
+/// Providers Keel knows without a `[providers]` entry.
+pub const BUILTIN_PROVIDERS: [&str; 5] =
+    ["anthropic", "openai", "openai-responses", "openrouter", "ollama"];
+
+/// The usual API-key variable of a built-in provider (`None`: no key needed).
+pub fn default_api_key_env(provider: &str) -> Option<&'static str> {
+    match provider {
+        "anthropic" => Some("ANTHROPIC_API_KEY"),
+        "openai" | "openai-responses" => Some("OPENAI_API_KEY"),
+        "openrouter" => Some("OPENROUTER_API_KEY"),
+        _ => None,
+    }
+}
+
+impl KeelConfig {
+    /// Resolves `spec` (`provider:model` or a `[models]` alias). `None` when it is neither.
+    pub fn resolve_model(&self, spec: &str) -> Option<ResolvedModel> {
+        if let Some(alias) = self.models.get(spec) {
+            let (provider, model) = split_spec(&alias.model)?;
+            return Some(ResolvedModel {
+                provider: provider.into(),
+                model: model.into(),
+                settings: Some(alias.clone()),
+            });
+        }
+        let (provider, model) = split_spec(spec)?;
+        Some(ResolvedModel { provider: provider.into(), model: model.into(), settings: None })
+    }
+
+    /// The environment variable holding `provider`'s API key (configured, else usual).
+    pub fn api_key_env(&self, provider: &str) -> Option<String> {
+        let entry = self.providers.get(provider);
+        if let Some(var) = entry.and_then(|p| p.api_key_env.clone()) {
+            return Some(var);
+        }
+        let kind = entry.and_then(|p| p.kind.as_deref()).unwrap_or(provider);
+        default_api_key_env(kind).map(str::to_string)
+    }
+
+    /// The approval mode for `tool`: per-tool override, then `[approvals] mode`, then
+    /// `[defaults] approve`, then `auto`.
+    pub fn approval_mode(&self, tool: &str) -> ApprovalMode {
+        self.approvals
+            .tools
+            .get(tool)
+            .copied()
+            .or(self.approvals.mode)
+            .or(self.defaults.approve)
+            .unwrap_or_default()
+    }
+}
+
+/// Splits `provider:model`; `None` unless both halves are non-empty.
+pub fn split_spec(spec: &str) -> Option<(&str, &str)> {
+    spec.split_once(':').filter(|(p, m)| !p.trim().is_empty() && !m.trim().is_empty())
+}

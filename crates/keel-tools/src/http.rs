@@ -1,0 +1,602 @@
+//! Declarative HTTP tools: a tool for any HTTP/JSON service, declared in configuration
+//! (a TOML table of an agent file or `keel.toml`) instead of code.
+//!
+//! ```toml
+//! [[tools]]
+//! name = "get_release_summary"
+//! description = "Fetch the summary of a release."
+//! usage = "get_release_summary — Usage Guide ..."
+//! method = "GET"
+//! url = "${RELEASE_SERVICE_URL:-http://127.0.0.1:8787}/releases/{release_id}/summary"
+//! headers = { Authorization = "Bearer ${RELEASE_TOKEN:-none}" }
+//! input_schema = { type = "object", properties = { release_id = { type = "string" } }, required = ["release_id"] }
+//! timeout_ms = 10000
+//! ```
+//!
+//! `${VAR}` and `${VAR:-default}` in the URL and header values are resolved from the
+//! environment when the tool is built ([`HttpTool::new`] names any missing variable);
+//! `{argument}` placeholders in the URL are filled from the call's arguments at call time
+//! (percent-encoded). Arguments not used in the URL go to the JSON body (POST, PUT, PATCH)
+//! or the query string (GET, DELETE), unless `body` lists them explicitly. Mutating tools
+//! send an `Idempotency-Key` header (stable across retries and resumes of the same call).
+//!
+//! HTTP statuses map to the tool error taxonomy with [`ToolErrorCode::from_http_status`];
+//! the error keeps the status and a bounded excerpt of the body in `details`, and
+//! `Retry-After` becomes `retry_after_ms`. JSON responses are parsed; anything else is
+//! returned as text. Every request has a timeout and honours `ToolContext::cancel`.
+
+pub mod template;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use keel_core::{
+    ApprovalMode, DynTool, Effect, RetryPolicy, ToolContext, ToolError, ToolErrorCode, ToolSpec,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Longest response body read, in bytes; larger bodies are cut (and reported as an error
+/// for non-JSON-parsable results).
+const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Longest body excerpt kept in an error's details and message, in characters.
+const EXCERPT_CHARS: usize = 2_000;
+/// Time allowed to open a connection (bounded further by the tool's timeout).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An HTTP method of a declarative tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    /// GET (default effect: read-only).
+    #[serde(alias = "get")]
+    Get,
+    /// POST (default effect: mutating).
+    #[serde(alias = "post")]
+    Post,
+    /// PUT (default effect: idempotent).
+    #[serde(alias = "put")]
+    Put,
+    /// PATCH (default effect: mutating).
+    #[serde(alias = "patch")]
+    Patch,
+    /// DELETE (default effect: idempotent).
+    #[serde(alias = "delete")]
+    Delete,
+}
+
+impl HttpMethod {
+    fn as_reqwest(self) -> reqwest::Method {
+        match self {
+            Self::Get => reqwest::Method::GET,
+            Self::Post => reqwest::Method::POST,
+            Self::Put => reqwest::Method::PUT,
+            Self::Patch => reqwest::Method::PATCH,
+            Self::Delete => reqwest::Method::DELETE,
+        }
+    }
+
+    /// Whether unused arguments travel in a JSON body (else in the query string).
+    fn has_body(self) -> bool {
+        matches!(self, Self::Post | Self::Put | Self::Patch)
+    }
+
+    /// The effect a tool with this method has unless declared otherwise.
+    pub fn default_effect(self) -> Effect {
+        match self {
+            Self::Get => Effect::ReadOnly,
+            Self::Put | Self::Delete => Effect::Idempotent,
+            Self::Post | Self::Patch => Effect::Mutating,
+        }
+    }
+}
+
+fn default_version() -> String {
+    "1.0.0".into()
+}
+
+fn default_input_schema() -> Value {
+    json!({"type": "object", "properties": {}})
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+/// The declaration of an HTTP tool (one TOML table or JSON object). Unknown keys are
+/// refused, naming the key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    /// Unique `lowercase_snake_case` tool name.
+    pub name: String,
+    /// One or two sentences telling the model when to call the tool.
+    pub description: String,
+    /// LLM-facing usage guidance rendered into the system prompt.
+    pub usage: String,
+    /// Contract version (default `1.0.0`).
+    #[serde(default = "default_version")]
+    pub version: String,
+    /// The HTTP method.
+    pub method: HttpMethod,
+    /// URL template: `${ENV}` / `${ENV:-default}` from the environment, `{argument}` from
+    /// the call's arguments.
+    pub url: String,
+    /// Request headers; values may reference `${ENV}`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// JSON Schema of the arguments (an object schema).
+    #[serde(default = "default_input_schema")]
+    pub input_schema: Value,
+    /// JSON Schema of the response, when declared (the executor checks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Arguments sent in the JSON body (POST/PUT/PATCH) or query string (GET/DELETE).
+    /// Default: every argument not used in the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Vec<String>>,
+    /// Per-attempt timeout in milliseconds (default 30000).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Retry policy for retryable failures (default: 3 attempts).
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// What the tool does to the world (default from the method: GET read_only, PUT and
+    /// DELETE idempotent, POST and PATCH mutating).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
+    /// Whether calls need human approval (default never).
+    #[serde(default)]
+    pub approval: ApprovalMode,
+    /// Output larger than this (serialized JSON bytes) is truncated with a notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_payload_bytes: Option<usize>,
+}
+
+/// Why an HTTP tool could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpToolError {
+    /// A `${VAR}` without default refers to an unset environment variable.
+    #[error(
+        "tool `{tool}`: environment variable `{variable}` (used in {field}) is not set; set \
+         it, or give a default as `${{{variable}:-value}}`"
+    )]
+    MissingEnv {
+        /// The tool.
+        tool: String,
+        /// The variable.
+        variable: String,
+        /// Where it is used (`url` or `headers.NAME`).
+        field: String,
+    },
+    /// The declaration breaks a rule; each problem names the field and the fix.
+    #[error("tool `{tool}` is misconfigured: {}", problems.join("; "))]
+    Invalid {
+        /// The tool.
+        tool: String,
+        /// One line per problem.
+        problems: Vec<String>,
+    },
+    /// The HTTP client could not be created.
+    #[error("tool `{tool}`: cannot create the HTTP client: {message}")]
+    Client {
+        /// The tool.
+        tool: String,
+        /// The reason.
+        message: String,
+    },
+}
+
+impl HttpToolConfig {
+    /// Environment variables referenced (without a default) by the URL or a header that are
+    /// not set in the process environment, with where each is used (`url`, `headers.X`).
+    pub fn missing_env_vars(&self) -> Vec<(String, String)> {
+        self.missing_env_vars_with(&|name| std::env::var(name).ok())
+    }
+
+    /// [`missing_env_vars`](Self::missing_env_vars) with an explicit environment lookup.
+    pub fn missing_env_vars_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let fields = std::iter::once(("url".to_string(), &self.url))
+            .chain(self.headers.iter().map(|(k, v)| (format!("headers.{k}"), v)));
+        for (field, text) in fields {
+            for reference in template::env_refs(text) {
+                if reference.default.is_none() && env(&reference.name).is_none() {
+                    out.push((reference.name, field.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The tool contract this declaration produces.
+    pub fn spec(&self) -> ToolSpec {
+        let mut spec = ToolSpec::new(&self.name, &self.description, &self.usage)
+            .with_version(self.version.clone())
+            .with_input_schema(self.input_schema.clone())
+            .with_output_schema(self.output_schema.clone())
+            .with_effect(self.effect.unwrap_or_else(|| self.method.default_effect()))
+            .with_approval(self.approval)
+            .with_retry(self.retry)
+            .with_timeout(Duration::from_millis(self.timeout_ms));
+        if let Some(bytes) = self.max_payload_bytes {
+            spec = spec.with_max_payload_bytes(bytes);
+        }
+        spec
+    }
+}
+
+/// A tool calling an HTTP/JSON endpoint, built from an [`HttpToolConfig`].
+pub struct HttpTool {
+    spec: ToolSpec,
+    method: HttpMethod,
+    /// The URL with `${ENV}` resolved; `{argument}` placeholders remain.
+    url_template: String,
+    /// Arguments used by the URL.
+    url_args: Vec<String>,
+    body_args: Option<Vec<String>>,
+    headers: reqwest::header::HeaderMap,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for HttpTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values may hold secrets: only their names are shown.
+        f.debug_struct("HttpTool")
+            .field("name", &self.spec.name)
+            .field("method", &self.method)
+            .field("url", &self.url_template)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpTool {
+    /// Builds the tool, resolving `${ENV}` from the process environment.
+    pub fn new(config: HttpToolConfig) -> Result<Self, HttpToolError> {
+        Self::with_env(config, &|name| std::env::var(name).ok())
+    }
+
+    /// Builds the tool with an explicit environment lookup.
+    pub fn with_env(
+        config: HttpToolConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, HttpToolError> {
+        let tool = config.name.clone();
+        let missing = |field: String, names: Vec<String>| HttpToolError::MissingEnv {
+            tool: tool.clone(),
+            variable: names.into_iter().next().unwrap_or_default(),
+            field,
+        };
+        let url_template =
+            template::expand_env(&config.url, env).map_err(|names| missing("url".into(), names))?;
+        let mut header_values = Vec::new();
+        for (name, value) in &config.headers {
+            let value = template::expand_env(value, env)
+                .map_err(|names| missing(format!("headers.{name}"), names))?;
+            header_values.push((name.clone(), value));
+        }
+
+        let spec = config.spec();
+        let mut problems = spec.contract_violations();
+        let properties = config
+            .input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let url_args = template::placeholders(&url_template);
+        for arg in &url_args {
+            if !properties.contains_key(arg) {
+                problems.push(format!(
+                    "url: placeholder `{{{arg}}}` is not a property of input_schema; add \
+                     `{arg}` to input_schema.properties (and to `required`)"
+                ));
+            }
+        }
+        for arg in config.body.iter().flatten() {
+            if !properties.contains_key(arg) {
+                problems.push(format!(
+                    "body: `{arg}` is not a property of input_schema; list only declared \
+                     arguments"
+                ));
+            }
+        }
+        let probe: Map<String, Value> = url_args
+            .iter()
+            .map(|a| (a.clone(), Value::String("x".into())))
+            .collect();
+        match template::fill_placeholders(&url_template, &probe).map(|u| url::Url::parse(&u)) {
+            Ok(Ok(url)) if matches!(url.scheme(), "http" | "https") => {}
+            Ok(Ok(url)) => problems.push(format!(
+                "url: scheme `{}` is not supported; use http:// or https://",
+                url.scheme()
+            )),
+            Ok(Err(error)) => problems.push(format!(
+                "url: `{url_template}` is not a valid absolute URL ({error}); write it as \
+                 http://host:port/path/{{argument}}"
+            )),
+            Err(error) => problems.push(format!("url: {error}")),
+        }
+        if config.timeout_ms == 0 {
+            problems.push("timeout_ms: must be greater than 0".into());
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in header_values {
+            let header_name = reqwest::header::HeaderName::from_bytes(name.as_bytes());
+            let header_value = reqwest::header::HeaderValue::from_str(&value);
+            match (header_name, header_value) {
+                (Ok(n), Ok(mut v)) => {
+                    v.set_sensitive(true);
+                    headers.insert(n, v);
+                }
+                (Err(_), _) => problems.push(format!(
+                    "headers: `{name}` is not a valid header name (letters, digits and `-`)"
+                )),
+                (_, Err(_)) => problems.push(format!(
+                    "headers.{name}: the value contains characters not allowed in a header \
+                     (e.g. a newline)"
+                )),
+            }
+        }
+        problems.dedup();
+        if !problems.is_empty() {
+            return Err(HttpToolError::Invalid { tool, problems });
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(spec.timeout()))
+            .timeout(spec.timeout())
+            .build()
+            .map_err(|error| HttpToolError::Client {
+                tool: tool.clone(),
+                message: error.to_string(),
+            })?;
+        Ok(Self {
+            spec,
+            method: config.method,
+            url_template,
+            url_args,
+            body_args: config.body,
+            headers,
+            client,
+        })
+    }
+
+    /// The URL template with `${ENV}` resolved.
+    pub fn url_template(&self) -> &str {
+        &self.url_template
+    }
+
+    /// Builds the request for `args`, or an `invalid_input` error naming the argument.
+    fn request(&self, args: &Value, ctx: &ToolContext) -> Result<reqwest::RequestBuilder, ToolError> {
+        let empty = Map::new();
+        let args = match args {
+            Value::Object(map) => map,
+            Value::Null => &empty,
+            other => {
+                return Err(ToolError::invalid_input(format!(
+                    "arguments of `{}` must be a JSON object, got {other}",
+                    self.spec.name
+                )));
+            }
+        };
+        let url = template::fill_placeholders(&self.url_template, args)
+            .map_err(ToolError::invalid_input)?;
+        let mut url = url::Url::parse(&url).map_err(|error| {
+            ToolError::invalid_input(format!("the URL built from the arguments is invalid: {error}"))
+        })?;
+        let rest: Map<String, Value> = args
+            .iter()
+            .filter(|(key, _)| match &self.body_args {
+                Some(listed) => listed.contains(key),
+                None => !self.url_args.contains(key),
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut builder;
+        if self.method.has_body() {
+            let body = serde_json::to_vec(&Value::Object(rest)).map_err(|error| {
+                ToolError::invalid_input(format!("arguments cannot be serialized: {error}"))
+            })?;
+            builder = self
+                .client
+                .request(self.method.as_reqwest(), url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        } else {
+            if !rest.is_empty() {
+                let mut pairs = url.query_pairs_mut();
+                for (key, value) in &rest {
+                    match value {
+                        Value::Array(items) => {
+                            for item in items {
+                                let text = template::scalar_text(item).unwrap_or_else(|| item.to_string());
+                                pairs.append_pair(key, &text);
+                            }
+                        }
+                        Value::Null => {}
+                        other => {
+                            let text = template::scalar_text(other).unwrap_or_else(|| other.to_string());
+                            pairs.append_pair(key, &text);
+                        }
+                    }
+                }
+            }
+            builder = self.client.request(self.method.as_reqwest(), url);
+        }
+        builder = builder
+            .headers(self.headers.clone())
+            .header(reqwest::header::ACCEPT, "application/json, text/plain;q=0.9, */*;q=0.5");
+        if self.spec.effect != Effect::ReadOnly {
+            builder = builder.header("Idempotency-Key", &ctx.idempotency_key);
+        }
+        Ok(builder)
+    }
+
+    async fn perform(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let request = self.request(&args, ctx)?;
+        let name = &self.spec.name;
+        let mut response = request.send().await.map_err(|e| self.transport_error(&e))?;
+        let status = response.status();
+        let retry_after_ms = retry_after_ms(response.headers());
+        let mut body = Vec::new();
+        let mut cut = false;
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport_error(&e))? {
+            let room = MAX_BODY_BYTES.saturating_sub(body.len());
+            body.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
+            if chunk.len() > room {
+                cut = true;
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        if status.is_success() {
+            if cut && parsed.is_none() {
+                return Err(ToolError::new(
+                    ToolErrorCode::ToolBug,
+                    format!("`{name}`: the response exceeds {MAX_BODY_BYTES} bytes"),
+                ));
+            }
+            return Ok(match parsed {
+                Some(value) => value,
+                None if text.trim().is_empty() => json!({"status": status.as_u16()}),
+                None => Value::String(text),
+            });
+        }
+        let code = ToolErrorCode::from_http_status(status.as_u16()).unwrap_or(
+            if status.is_client_error() {
+                ToolErrorCode::InvalidInput
+            } else {
+                ToolErrorCode::ToolBug
+            },
+        );
+        let excerpt: String = text.chars().take(EXCERPT_CHARS).collect();
+        let reason = parsed
+            .as_ref()
+            .and_then(error_message)
+            .unwrap_or_else(|| excerpt.clone());
+        let mut message = format!(
+            "`{name}` got HTTP {} from {} {}",
+            status.as_u16(),
+            self.method.as_reqwest(),
+            redact_query(response.url())
+        );
+        if !reason.trim().is_empty() {
+            message.push_str(": ");
+            message.push_str(reason.trim());
+        }
+        let mut details = json!({"status": status.as_u16(), "body": excerpt});
+        if let (Some(parsed), Value::Object(map)) = (parsed, &mut details) {
+            map.insert("body_json".into(), parsed);
+        }
+        let mut error = ToolError::new(code, message).with_details(details);
+        if let Some(ms) = retry_after_ms {
+            error = error.with_retry_after_ms(ms);
+        }
+        Err(error)
+    }
+
+    fn transport_error(&self, error: &reqwest::Error) -> ToolError {
+        let name = &self.spec.name;
+        let target = error.url().map(redact_query).unwrap_or_default();
+        if error.is_timeout() {
+            ToolError::new(
+                ToolErrorCode::Timeout,
+                format!("`{name}`: {target} did not answer within {} ms", self.spec.timeout_ms),
+            )
+        } else if error.is_connect() {
+            ToolError::new(
+                ToolErrorCode::RetryableServer,
+                format!("`{name}`: cannot connect to {target}; is the service running? ({error})"),
+            )
+        } else {
+            ToolError::new(
+                ToolErrorCode::RetryableServer,
+                format!("`{name}`: request to {target} failed: {error}"),
+            )
+        }
+    }
+}
+
+/// The URL without its query string (which may carry arguments or keys).
+fn redact_query(url: &url::Url) -> String {
+    let mut url = url.clone();
+    url.set_query(None);
+    url.to_string()
+}
+
+/// A human-readable error message from a JSON error body (`{"error": "..."}`,
+/// `{"error": {"message": ".."}}`, `{"message": ".."}`), with any `field`/`fix` hints.
+fn error_message(body: &Value) -> Option<String> {
+    let error = body.get("error").unwrap_or(body);
+    let message = match error {
+        Value::String(s) => s.clone(),
+        Value::Object(map) => map
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| error.to_string()),
+        _ => return None,
+    };
+    let hint = |key: &str| {
+        error
+            .get(key)
+            .or_else(|| body.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let mut out = message;
+    if let Some(field) = hint("field")
+        && !out.contains(&field)
+    {
+        out.push_str(&format!(" (field `{field}`)"));
+    }
+    if let Some(fix) = hint("fix")
+        && !out.contains(&fix)
+    {
+        out.push_str(&format!(" Fix: {fix}"));
+    }
+    Some(out)
+}
+
+/// `Retry-After` (seconds or an HTTP date) or `retry-after-ms`, in milliseconds.
+fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+    {
+        return Some(ms.round() as u64);
+    }
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<f64>() {
+        return (seconds.is_finite() && seconds >= 0.0).then(|| (seconds * 1000.0).round() as u64);
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    let wait = when.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl DynTool for HttpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(async move {
+            if ctx.cancel.is_cancelled() {
+                return Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled"));
+            }
+            tokio::select! {
+                result = self.perform(args, ctx) => result,
+                () = ctx.cancel.cancelled() => Err(ToolError::new(
+                    ToolErrorCode::Cancelled,
+                    format!("`{}` was cancelled before the service answered", self.spec.name),
+                )),
+            }
+        })
+    }
+}
