@@ -123,9 +123,10 @@ impl AgentArgs {
     /// The flags as data (script path made absolute so another process can find it).
     pub fn spec(&self) -> Result<AgentSpec, CliError> {
         let script = match &self.model.script {
-            Some(path) => Some(std::path::absolute(path).map_err(|e| {
-                CliError::usage(format!("--script {}: {e}", path.display()))
-            })?),
+            Some(path) => Some(
+                std::path::absolute(path)
+                    .map_err(|e| CliError::usage(format!("--script {}: {e}", path.display())))?,
+            ),
             None => None,
         };
         Ok(AgentSpec {

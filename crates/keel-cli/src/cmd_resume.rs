@@ -83,7 +83,12 @@ pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
     let spec = args.agent.spec()?;
     let store = args.store.events().await?;
     let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
-    report(&outcome, args.output, scripted.as_ref(), args.record_requests.as_ref())
+    report(
+        &outcome,
+        args.output,
+        scripted.as_ref(),
+        args.record_requests.as_ref(),
+    )
 }
 
 /// Runs `keel approve` (`approve = true`) or `keel deny`.
@@ -97,9 +102,13 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
     let context = keel_runtime::RunContext::new(store.clone());
     let recorded = if approve {
-        thread.approve(&context, &args.call_id, args.by.clone()).await
+        thread
+            .approve(&context, &args.call_id, args.by.clone())
+            .await
     } else {
-        thread.deny(&context, &args.call_id, args.reason.clone()).await
+        thread
+            .deny(&context, &args.call_id, args.reason.clone())
+            .await
     };
     recorded.map_err(human_error)?;
     let decision = if approve { "approved" } else { "denied" };
@@ -109,7 +118,9 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
                 "{}",
                 json!({"thread_id": args.thread, "call_id": args.call_id, "decision": decision})
             ),
-            OutputFormat::Text => eprintln!("{decision} call {} on thread {}", args.call_id, args.thread),
+            OutputFormat::Text => {
+                eprintln!("{decision} call {} on thread {}", args.call_id, args.thread)
+            }
         }
         return Ok(0);
     }
@@ -128,7 +139,10 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
     if thread.state().run_in_progress() {
         spec.build(0)?;
         let context = keel_runtime::RunContext::new(store.clone());
-        thread.answer_user(&context, &answer).await.map_err(human_error)?;
+        thread
+            .answer_user(&context, &answer)
+            .await
+            .map_err(human_error)?;
         let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
         return report(&outcome, args.output, scripted.as_ref(), None);
     }
@@ -163,7 +177,9 @@ pub async fn continue_thread(
     }
     let state = RunState::from_events(thread_id, &events);
     let Some(run) = state.run() else {
-        return Err(CliError::failure(format!("thread {thread_id} has no run to resume")));
+        return Err(CliError::failure(format!(
+            "thread {thread_id} has no run to resume"
+        )));
     };
     if let Some(end_state) = run.ended {
         let outcome = RunOutcome::from_run_events(
@@ -195,7 +211,9 @@ pub async fn load_existing(store: &dyn EventStore, id: &str) -> Result<Thread, C
         .await
         .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?;
     if thread.is_empty() {
-        return Err(CliError::failure(format!("thread {id} does not exist in this store")));
+        return Err(CliError::failure(format!(
+            "thread {id} does not exist in this store"
+        )));
     }
     Ok(thread)
 }

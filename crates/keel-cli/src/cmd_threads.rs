@@ -4,7 +4,8 @@
 //! agent: `keel run` without `--thread`.)
 
 use chrono::{DateTime, Utc};
-use keel_core::{EndState, Message, Part, RunState, ThreadFilter, ThreadStatus, ThreadSummary};
+use keel_core::store::{ThreadFilter, ThreadStatus, ThreadSummary};
+use keel_core::{EndState, Message, Part, RunState};
 use keel_runtime::Thread;
 use serde_json::json;
 
@@ -75,11 +76,21 @@ pub enum ThreadsCommand {
 /// Runs a `keel threads` subcommand.
 pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
     match command {
-        ThreadsCommand::List { agent, status, since, limit, store, output } => {
+        ThreadsCommand::List {
+            agent,
+            status,
+            since,
+            limit,
+            store,
+            output,
+        } => {
             let filter = ThreadFilter {
                 agent,
                 status: status.as_deref().map(parse_status).transpose()?,
-                updated_since: since.as_deref().map(|s| parse_since(s, Utc::now())).transpose()?,
+                updated_since: since
+                    .as_deref()
+                    .map(|s| parse_since(s, Utc::now()))
+                    .transpose()?,
                 limit,
             };
             let store = store.events().await?;
@@ -93,14 +104,20 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
             }
             Ok(0)
         }
-        ThreadsCommand::Show { thread, store, output } => {
+        ThreadsCommand::Show {
+            thread,
+            store,
+            output,
+        } => {
             let store = store.events().await?;
             let events = store
                 .load(&thread)
                 .await
                 .map_err(|e| CliError::failure(format!("cannot load thread {thread}: {e}")))?;
             let Some(summary) = ThreadSummary::from_events(&thread, &events) else {
-                return Err(CliError::failure(format!("thread {thread} does not exist in this store")));
+                return Err(CliError::failure(format!(
+                    "thread {thread} does not exist in this store"
+                )));
             };
             let state = RunState::from_events(&thread, &events);
             match output {
@@ -113,25 +130,42 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
                     })
                 ),
                 OutputFormat::Text => {
-                    println!("thread {thread}  {}  {} events", status_name(summary.status), summary.event_count);
+                    println!(
+                        "thread {thread}  {}  {} events",
+                        status_name(summary.status),
+                        summary.event_count
+                    );
                     println!("\n== conversation ==");
                     for message in state.messages() {
                         print_message(message);
                     }
                     println!("\n== events ==");
                     for event in &events {
-                        println!("{:>5}  {}  {}  {}", event.seq, event.ts.format("%H:%M:%S%.3f"), event.run_id, event.kind.name());
+                        println!(
+                            "{:>5}  {}  {}  {}",
+                            event.seq,
+                            event.ts.format("%H:%M:%S%.3f"),
+                            event.run_id,
+                            event.kind.name()
+                        );
                     }
                 }
             }
             Ok(0)
         }
-        ThreadsCommand::Fork { thread, at, store, output } => {
+        ThreadsCommand::Fork {
+            thread,
+            at,
+            store,
+            output,
+        } => {
             let store = store.events().await?;
             load_existing(store.as_ref(), &thread).await?;
             let forked = Thread::fork(store.as_ref(), &thread, at)
                 .await
-                .map_err(|e| CliError::failure(format!("cannot fork thread {thread} at {at}: {e}")))?;
+                .map_err(|e| {
+                    CliError::failure(format!("cannot fork thread {thread} at {at}: {e}"))
+                })?;
             let copied = forked.state().next_seq();
             match output {
                 OutputFormat::Json => println!(
@@ -142,14 +176,20 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
             }
             Ok(0)
         }
-        ThreadsCommand::Delete { thread, store, output } => {
+        ThreadsCommand::Delete {
+            thread,
+            store,
+            output,
+        } => {
             let store = store.events().await?;
             let existed = store
                 .delete_thread(&thread)
                 .await
                 .map_err(|e| CliError::failure(format!("cannot delete thread {thread}: {e}")))?;
             match output {
-                OutputFormat::Json => println!("{}", json!({"thread_id": thread, "deleted": existed})),
+                OutputFormat::Json => {
+                    println!("{}", json!({"thread_id": thread, "deleted": existed}))
+                }
                 OutputFormat::Text if existed => eprintln!("deleted thread {thread}"),
                 OutputFormat::Text => eprintln!("thread {thread} did not exist"),
             }
@@ -198,9 +238,16 @@ fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError
     if let Ok(time) = DateTime::parse_from_rfc3339(text) {
         return Ok(time.with_timezone(&Utc));
     }
-    let bad = || CliError::usage(format!("--since {text:?}: give an RFC 3339 time or an age like 30s, 15m, 2h, 7d"));
+    let bad = || {
+        CliError::usage(format!(
+            "--since {text:?}: give an RFC 3339 time or an age like 30s, 15m, 2h, 7d"
+        ))
+    };
     let split = text.len().checked_sub(1).ok_or_else(bad)?;
-    let (number, unit) = (text.get(..split).ok_or_else(bad)?, text.get(split..).ok_or_else(bad)?);
+    let (number, unit) = (
+        text.get(..split).ok_or_else(bad)?,
+        text.get(split..).ok_or_else(bad)?,
+    );
     let n: i64 = number.parse().map_err(|_| bad())?;
     let age = match unit {
         "s" => chrono::Duration::try_seconds(n),
@@ -214,7 +261,10 @@ fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError
 }
 
 fn print_list(threads: &[ThreadSummary]) {
-    println!("{:<40} {:<18} {:>7}  {:<10} UPDATED", "THREAD", "STATUS", "EVENTS", "AGENT");
+    println!(
+        "{:<40} {:<18} {:>7}  {:<10} UPDATED",
+        "THREAD", "STATUS", "EVENTS", "AGENT"
+    );
     for t in threads {
         println!(
             "{:<40} {:<18} {:>7}  {:<10} {}",
@@ -222,7 +272,8 @@ fn print_list(threads: &[ThreadSummary]) {
             status_name(t.status),
             t.event_count,
             t.agent.as_deref().unwrap_or("-"),
-            t.updated_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            t.updated_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         );
     }
 }
@@ -235,8 +286,13 @@ fn print_message(message: &Message) {
     for part in &message.parts {
         match part {
             Part::Text { text } => println!("{role}: {text}"),
-            Part::ToolCall(call) => println!("{role}: → {} {} ({})", call.name, call.arguments, call.id),
-            Part::ToolResult(result) => println!("{role}: ← {} ({}): {}", result.name, result.call_id, result.content),
+            Part::ToolCall(call) => {
+                println!("{role}: → {} {} ({})", call.name, call.arguments, call.id)
+            }
+            Part::ToolResult(result) => println!(
+                "{role}: ← {} ({}): {}",
+                result.name, result.call_id, result.content
+            ),
             _ => {}
         }
     }
@@ -250,11 +306,17 @@ mod tests {
     #[test]
     fn since_accepts_ages_and_times() {
         let now = Utc::now();
-        assert_eq!(parse_since("2h", now).unwrap(), now - chrono::Duration::hours(2));
+        assert_eq!(
+            parse_since("2h", now).unwrap(),
+            now - chrono::Duration::hours(2)
+        );
         assert!(parse_since("2026-01-01T00:00:00Z", now).is_ok());
         assert!(parse_since("2x", now).is_err());
         assert!(parse_since("", now).is_err());
-        assert_eq!(parse_status("done").unwrap(), ThreadStatus::Ended(EndState::Done));
+        assert_eq!(
+            parse_status("done").unwrap(),
+            ThreadStatus::Ended(EndState::Done)
+        );
         assert!(parse_status("nope").is_err());
     }
 }

@@ -106,7 +106,9 @@ pub async fn submit(args: SubmitArgs) -> Result<u8, CliError> {
 /// Runs `keel worker`.
 pub async fn worker(args: WorkerArgs) -> Result<u8, CliError> {
     if !(args.lease_ttl.is_finite() && args.lease_ttl > 0.0 && args.lease_ttl <= 86_400.0) {
-        return Err(CliError::usage("--lease-ttl must be a number of seconds in (0, 86400]"));
+        return Err(CliError::usage(
+            "--lease-ttl must be a number of seconds in (0, 86400]",
+        ));
     }
     if args.concurrency == 0 {
         return Err(CliError::usage("--concurrency must be at least 1"));
@@ -189,12 +191,12 @@ async fn drive_job(shared: &Shared, lease: Lease) {
     let lease = current.lock().await.clone();
     match result {
         None => eprintln!("job {job} thread {thread_id}: lease lost; stopped driving"),
-        Some(Ok(status)) => {
-            match shared.queue.complete(&lease).await {
-                Ok(()) => eprintln!("job {job} thread {thread_id}: {status}"),
-                Err(e) => eprintln!("job {job} thread {thread_id}: {status}, but completing failed: {e}"),
+        Some(Ok(status)) => match shared.queue.complete(&lease).await {
+            Ok(()) => eprintln!("job {job} thread {thread_id}: {status}"),
+            Err(e) => {
+                eprintln!("job {job} thread {thread_id}: {status}, but completing failed: {e}")
             }
-        }
+        },
         Some(Err(message)) => {
             eprintln!("job {job} thread {thread_id}: {message}; giving the job back");
             if let Err(e) = shared.queue.release(&lease).await {
@@ -243,8 +245,12 @@ async fn drive(
     thread_id: &str,
     payload: serde_json::Value,
 ) -> Result<String, String> {
-    let job: JobPayload = serde_json::from_value(payload).map_err(|e| format!("bad job payload: {e}"))?;
-    let events = store.load(thread_id).await.map_err(|e| format!("cannot load thread: {e}"))?;
+    let job: JobPayload =
+        serde_json::from_value(payload).map_err(|e| format!("bad job payload: {e}"))?;
+    let events = store
+        .load(thread_id)
+        .await
+        .map_err(|e| format!("cannot load thread: {e}"))?;
     let state = RunState::from_events(thread_id, &events);
     let started_here = events
         .iter()
@@ -255,22 +261,41 @@ async fn drive(
     let mut thread = Thread::load(store.as_ref(), thread_id)
         .await
         .map_err(|e| format!("cannot load thread: {e}"))?;
+    let resumed = state.run_in_progress();
     let outcome = match state.run() {
-        Some(run) if state.run_in_progress() => {
-            let built = job.agent.build(agents::consumed_steps(&events, &run.run_id)).map_err(|e| e.message)?;
+        Some(run) if resumed => {
+            let built = job
+                .agent
+                .build(agents::consumed_steps(&events, &run.run_id))
+                .map_err(|e| e.message)?;
             built.agent.resume(&mut thread, &context).await
         }
         Some(run) if started_here => {
-            return Ok(format!("already ended ({})", run.ended.map(|e| e.as_str()).unwrap_or("?")));
+            return Ok(format!(
+                "already ended ({})",
+                run.ended.map(|e| e.as_str()).unwrap_or("?")
+            ));
         }
         _ => {
             let built = job.agent.build(0).map_err(|e| e.message)?;
-            built.agent.run(vec![Message::user(job.message.clone())], &mut thread, &context).await
+            built
+                .agent
+                .run(
+                    vec![Message::user(job.message.clone())],
+                    &mut thread,
+                    &context,
+                )
+                .await
         }
     };
     let outcome = outcome.map_err(|e| agents::run_error(e).message)?;
+    let how = if resumed {
+        " (resumed an interrupted run)"
+    } else {
+        ""
+    };
     Ok(match outcome.end_state() {
-        Some(end_state) => format!("ended {end_state}"),
-        None => "paused awaiting approval".to_string(),
+        Some(end_state) => format!("ended {end_state}{how}"),
+        None => format!("paused awaiting approval{how}"),
     })
 }

@@ -4,8 +4,8 @@
 //! error, 3 clarify_needed, 4 budget_exceeded, 5 unrecoverable_tool_contract,
 //! 10 awaiting approval, 130 cancelled.
 
-mod cmd_mock_llm;
 mod agents;
+mod cmd_mock_llm;
 mod cmd_resume;
 mod cmd_run;
 mod cmd_threads;

@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use keel_core::{Effect, Tool, ToolContext, ToolError, ToolErrorCode, ToolRegistry, ToolSpec};
 use keel_core::registry::RegistryError;
+use keel_core::{Effect, Tool, ToolContext, ToolError, ToolErrorCode, ToolRegistry, ToolSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -79,9 +79,13 @@ impl Tool for TestAppend {
     type Output = AppendOutput;
 
     fn spec(&self) -> ToolSpec {
-        ToolSpec::new("test_append", "Append a line to the test file (mutating).", USAGE)
-            .with_effect(Effect::Mutating)
-            .with_timeout(Duration::from_secs(30))
+        ToolSpec::new(
+            "test_append",
+            "Append a line to the test file (mutating).",
+            USAGE,
+        )
+        .with_effect(Effect::Mutating)
+        .with_timeout(Duration::from_secs(30))
     }
 
     async fn call(&self, args: AppendArgs, ctx: &ToolContext) -> Result<AppendOutput, ToolError> {
@@ -92,13 +96,22 @@ impl Tool for TestAppend {
             ToolError::new(ToolErrorCode::ToolBug, format!("{FILE_VAR} is not set"))
         })?;
         tokio::time::sleep(Duration::from_millis(args.delay_before_ms)).await;
-        let line = format!("{}\t{}\n", ctx.idempotency_key, args.text.replace('\n', " "));
+        let line = format!(
+            "{}\t{}\n",
+            ctx.idempotency_key,
+            args.text.replace('\n', " ")
+        );
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .and_then(|mut file| file.write_all(line.as_bytes()))
-            .map_err(|e| ToolError::new(ToolErrorCode::ToolBug, format!("cannot append to {path}: {e}")))?;
+            .map_err(|e| {
+                ToolError::new(
+                    ToolErrorCode::ToolBug,
+                    format!("cannot append to {path}: {e}"),
+                )
+            })?;
         tokio::time::sleep(Duration::from_millis(args.delay_after_ms)).await;
         Ok(AppendOutput {
             idempotency_key: ctx.idempotency_key.clone(),

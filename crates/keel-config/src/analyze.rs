@@ -129,7 +129,10 @@ impl Reporter<'_> {
         prefer_key: bool,
         message: String,
     ) -> Diagnostic {
-        let pos = self.spans.locate(path, prefer_key).map(|span| line_col(self.text, span.start));
+        let pos = self
+            .spans
+            .locate(path, prefer_key)
+            .map(|span| line_col(self.text, span.start));
         Diagnostic {
             severity,
             code,
@@ -162,7 +165,11 @@ pub(crate) fn analyze(text: &str, file: &str, env: &dyn Fn(&str) -> Option<Strin
                 }
             })
             .collect();
-        return Analysis { config: None, diagnostics, spans };
+        return Analysis {
+            config: None,
+            diagnostics,
+            spans,
+        };
     }
     let mut root = match toml::from_str::<toml::Table>(text) {
         Ok(root) => root,
@@ -177,14 +184,26 @@ pub(crate) fn analyze(text: &str, file: &str, env: &dyn Fn(&str) -> Option<Strin
                 column: pos.map(|p| p.1),
                 message: format!("invalid TOML: {}", e.message().trim()),
             };
-            return Analysis { config: None, diagnostics: vec![diagnostic], spans };
+            return Analysis {
+                config: None,
+                diagnostics: vec![diagnostic],
+                spans,
+            };
         }
     };
-    let reporter = Reporter { text, file, spans: &spans };
+    let reporter = Reporter {
+        text,
+        file,
+        spans: &spans,
+    };
     let mut diagnostics = Vec::new();
     expand_table(&mut root, &mut Vec::new(), env, &reporter, &mut diagnostics);
     let config = deserialize_all(root, &reporter, &mut diagnostics);
-    Analysis { config, diagnostics, spans }
+    Analysis {
+        config,
+        diagnostics,
+        spans,
+    }
 }
 
 fn expand_table(
@@ -221,9 +240,10 @@ fn expand_value(
                             path_string(path)
                         ),
                     ),
-                    ExpandError::Malformed(m) => {
-                        (DiagnosticCode::InvalidValue, format!("`{}`: {m}", path_string(path)))
-                    }
+                    ExpandError::Malformed(m) => (
+                        DiagnosticCode::InvalidValue,
+                        format!("`{}`: {m}", path_string(path)),
+                    ),
                 };
                 out.push(reporter.at(Severity::Error, code, path, false, message));
             }
@@ -261,9 +281,19 @@ fn deserialize_all(
         let message = error.inner().message().trim().to_string();
         let diagnostic = describe(&original, &message, reporter);
         let original_str = path_string(&original);
-        let secondary = diagnostic.code == DiagnosticCode::MissingKey
-            && removed.iter().any(|r| r.starts_with(&original_str));
-        if !secondary && !out.iter().any(|d| d.key.as_deref() == Some(original_str.as_str())) {
+        // An error about a node we already removed a key from is a consequence of that
+        // removal (e.g. a misspelled required key), not a separate problem.
+        let secondary = removed.iter().any(|r| {
+            r.len() > original_str.len()
+                && r.starts_with(&original_str)
+                && (original_str.is_empty()
+                    || matches!(r.as_bytes().get(original_str.len()), Some(b'.' | b'[')))
+        });
+        if !secondary
+            && !out
+                .iter()
+                .any(|d| d.key.as_deref() == Some(original_str.as_str()))
+        {
             out.push(diagnostic);
         }
         if current.is_empty() || !remove(&mut root, &current, &original, &mut array_maps) {
@@ -291,7 +321,11 @@ fn to_original(current: &[Seg], maps: &HashMap<String, Vec<usize>>) -> Vec<Seg> 
         let mapped = match seg {
             Seg::Index(i) => {
                 let key = path_string(&original);
-                Seg::Index(maps.get(&key).and_then(|m| m.get(*i).copied()).unwrap_or(*i))
+                Seg::Index(
+                    maps.get(&key)
+                        .and_then(|m| m.get(*i).copied())
+                        .unwrap_or(*i),
+                )
             }
             Seg::Key(k) => Seg::Key(k.clone()),
         };
@@ -307,7 +341,9 @@ fn remove(
     original: &[Seg],
     maps: &mut HashMap<String, Vec<usize>>,
 ) -> bool {
-    let Some((last, parents)) = current.split_last() else { return false };
+    let Some((last, parents)) = current.split_last() else {
+        return false;
+    };
     let mut node: &mut toml::Value = match parents.first() {
         None => {
             return match last {
@@ -358,7 +394,11 @@ fn backticked(message: &str) -> Vec<&str> {
 fn describe(path: &[Seg], message: &str, reporter: &Reporter<'_>) -> Diagnostic {
     let key = path_string(path);
     let parent = path_string(path.split_last().map_or(&[][..], |(_, p)| p));
-    let section = if parent.is_empty() { "the top level".to_string() } else { format!("[{parent}]") };
+    let section = if parent.is_empty() {
+        "the top level".to_string()
+    } else {
+        format!("[{parent}]")
+    };
     let names = backticked(message);
     if message.starts_with("unknown field") {
         let given = names.first().copied().unwrap_or_default();
@@ -369,7 +409,13 @@ fn describe(path: &[Seg], message: &str, reporter: &Reporter<'_>) -> Diagnostic 
             None => format!("valid keys: {}", valid.join(", ")),
         };
         let message = format!("unknown key `{given}` in {section}; {hint}");
-        return reporter.at(Severity::Error, DiagnosticCode::UnknownKey, path, true, message);
+        return reporter.at(
+            Severity::Error,
+            DiagnosticCode::UnknownKey,
+            path,
+            true,
+            message,
+        );
     }
     if message.starts_with("unknown variant") {
         let given = names.first().copied().unwrap_or_default();
@@ -381,14 +427,43 @@ fn describe(path: &[Seg], message: &str, reporter: &Reporter<'_>) -> Diagnostic 
         if let Some(best) = nearest(given, valid.iter().copied()) {
             text.push_str(&format!(" (did you mean `{best}`?)"));
         }
-        return reporter.at(Severity::Error, DiagnosticCode::InvalidValue, path, false, text);
+        return reporter.at(
+            Severity::Error,
+            DiagnosticCode::InvalidValue,
+            path,
+            false,
+            text,
+        );
     }
     if message.starts_with("missing field") {
         let field = names.first().copied().unwrap_or_default();
-        let text = format!("missing required key `{field}` in {}", if key.is_empty() { section } else { format!("`{key}`") });
-        return reporter.at(Severity::Error, DiagnosticCode::MissingKey, path, true, text);
+        let text = format!(
+            "missing required key `{field}` in {}",
+            if key.is_empty() {
+                section
+            } else {
+                format!("`{key}`")
+            }
+        );
+        return reporter.at(
+            Severity::Error,
+            DiagnosticCode::MissingKey,
+            path,
+            true,
+            text,
+        );
     }
-    let where_ = if key.is_empty() { "keel.toml".to_string() } else { format!("`{key}`") };
+    let where_ = if key.is_empty() {
+        "keel.toml".to_string()
+    } else {
+        format!("`{key}`")
+    };
     let text = format!("invalid value for {where_}: {message}");
-    reporter.at(Severity::Error, DiagnosticCode::InvalidValue, path, false, text)
+    reporter.at(
+        Severity::Error,
+        DiagnosticCode::InvalidValue,
+        path,
+        false,
+        text,
+    )
 }

@@ -35,11 +35,17 @@ pub fn check_in(dir: &Path, path: Option<&Path>) -> Vec<Diagnostic> {
             String::new()
         }
         Err(e) => {
-            diagnostics.push(plain(&shown, DiagnosticCode::Io, format!("cannot read {}: {e}", file.display())));
+            diagnostics.push(plain(
+                &shown,
+                DiagnosticCode::Io,
+                format!("cannot read {}: {e}", file.display()),
+            ));
             return diagnostics;
         }
     };
-    let base = file.parent().map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
+    let base = file
+        .parent()
+        .map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
     diagnostics.extend(check_str(&text, &shown, &base, &process_env));
     diagnostics
 }
@@ -52,9 +58,17 @@ pub fn check_str(
     base_dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<Diagnostic> {
-    let Analysis { config, mut diagnostics, spans } = analyze(text, file, env);
+    let Analysis {
+        config,
+        mut diagnostics,
+        spans,
+    } = analyze(text, file, env);
     if let Some(config) = config {
-        let reporter = Reporter { text, file, spans: &spans };
+        let reporter = Reporter {
+            text,
+            file,
+            spans: &spans,
+        };
         semantic(&config, &reporter, base_dir, env, &mut diagnostics);
     }
     diagnostics.sort_by_key(|d| (d.line.unwrap_or(usize::MAX), d.column.unwrap_or(0)));
@@ -136,20 +150,34 @@ pub(crate) fn semantic(
             out.push(error(
                 DiagnosticCode::InvalidValue,
                 keys(&["providers", name, "base_url"]),
-                format!("`providers.{name}.base_url` = `{url}` must start with http:// or https://"),
+                format!(
+                    "`providers.{name}.base_url` = `{url}` must start with http:// or https://"
+                ),
             ));
         }
     }
     // Store.
     if let Some(message) = store_url_problem(&config.store.url) {
-        out.push(error(DiagnosticCode::InvalidValue, keys(&["store", "url"]), message));
+        out.push(error(
+            DiagnosticCode::InvalidValue,
+            keys(&["store", "url"]),
+            message,
+        ));
     }
     // Telemetry (its own validation names the field).
     if let Err(TelemetryError::Config { field, message }) = config.telemetry.validate() {
         let path: Vec<Seg> = field.split('.').map(|s| Seg::Key(s.to_string())).collect();
-        out.push(error(DiagnosticCode::InvalidValue, path, format!("invalid value for `{field}`: {message}")));
+        out.push(error(
+            DiagnosticCode::InvalidValue,
+            path,
+            format!("invalid value for `{field}`: {message}"),
+        ));
     } else if let Err(e) = config.telemetry.validate() {
-        out.push(error(DiagnosticCode::InvalidValue, keys(&["telemetry"]), format!("invalid [telemetry]: {e}")));
+        out.push(error(
+            DiagnosticCode::InvalidValue,
+            keys(&["telemetry"]),
+            format!("invalid [telemetry]: {e}"),
+        ));
     }
     // The default model's API key.
     if let Some(spec) = &config.defaults.model
@@ -157,8 +185,15 @@ pub(crate) fn semantic(
         && let Some(var) = config.api_key_env(&resolved.provider)
         && env(&var).is_none_or(|v| v.trim().is_empty())
     {
-        let (path, what) = match config.providers.get(&resolved.provider).and_then(|p| p.api_key_env.as_ref()) {
-            Some(_) => (keys(&["providers", &resolved.provider, "api_key_env"]), "configured"),
+        let (path, what) = match config
+            .providers
+            .get(&resolved.provider)
+            .and_then(|p| p.api_key_env.as_ref())
+        {
+            Some(_) => (
+                keys(&["providers", &resolved.provider, "api_key_env"]),
+                "configured",
+            ),
             None => (keys(&["defaults", "model"]), "usual"),
         };
         out.push(error(
@@ -172,7 +207,10 @@ pub(crate) fn semantic(
     }
     // Files.
     for (name, agent) in &config.agents {
-        for (key, file) in [("file", &agent.file), ("instructions_file", &agent.instructions_file)] {
+        for (key, file) in [
+            ("file", &agent.file),
+            ("instructions_file", &agent.instructions_file),
+        ] {
             if let Some(file) = file
                 && !base_dir.join(file).is_file()
             {
@@ -201,7 +239,8 @@ pub(crate) fn semantic(
 }
 
 fn did_you_mean(given: &str, candidates: &[&str]) -> String {
-    nearest(given, candidates.iter().copied()).map_or_else(String::new, |best| format!("; did you mean `{best}`?"))
+    nearest(given, candidates.iter().copied())
+        .map_or_else(String::new, |best| format!("; did you mean `{best}`?"))
 }
 
 fn check_spec(
@@ -217,7 +256,11 @@ fn check_spec(
     let key = crate::analyze::path_string(path);
     let Some((provider, _)) = split_spec(spec) else {
         let aliases: Vec<&str> = config.models.keys().map(String::as_str).collect();
-        let hint = if aliases_allowed { did_you_mean(spec, &aliases) } else { String::new() };
+        let hint = if aliases_allowed {
+            did_you_mean(spec, &aliases)
+        } else {
+            String::new()
+        };
         return Some(reporter.at(
             Severity::Error,
             DiagnosticCode::InvalidValue,
@@ -235,7 +278,11 @@ fn check_spec(
             DiagnosticCode::UnknownReference,
             path,
             false,
-            format!("`{key}`: unknown provider `{provider}` (known: {}){}", names.join(", "), did_you_mean(provider, &names)),
+            format!(
+                "`{key}`: unknown provider `{provider}` (known: {}){}",
+                names.join(", "),
+                did_you_mean(provider, &names)
+            ),
         )
     })
 }
@@ -244,15 +291,25 @@ fn check_spec(
 pub fn store_url_problem(url: &str) -> Option<String> {
     let url = url.trim();
     if url.is_empty() {
-        return Some("`store.url` is empty: use sqlite://PATH, a path, postgres://... or memory:".into());
+        return Some(
+            "`store.url` is empty: use sqlite://PATH, a path, postgres://... or memory:".into(),
+        );
     }
-    if url == "memory" || url == "memory:" || url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    if url == "memory"
+        || url == "memory:"
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://")
+    {
         return None;
     }
-    if let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+    if let Some(rest) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
         let path = rest.split('?').next().unwrap_or_default();
-        return (path.is_empty() || path == ":memory:")
-            .then(|| format!("`store.url` = `{url}` names no SQLite file; give a path, or use memory:"));
+        return (path.is_empty() || path == ":memory:").then(|| {
+            format!("`store.url` = `{url}` names no SQLite file; give a path, or use memory:")
+        });
     }
     if let Some((scheme, _)) = url.split_once("://") {
         return Some(format!(

@@ -124,7 +124,12 @@ pub fn nearest<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -
     let given_lower = given.to_lowercase();
     candidates
         .into_iter()
-        .map(|c| (c, strsim::normalized_damerau_levenshtein(&given_lower, &c.to_lowercase())))
+        .map(|c| {
+            (
+                c,
+                strsim::normalized_damerau_levenshtein(&given_lower, &c.to_lowercase()),
+            )
+        })
         .filter(|(c, score)| *score >= 0.5 || c.to_lowercase() == given_lower)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(c, _)| c)

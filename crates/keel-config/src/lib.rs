@@ -21,10 +21,9 @@ pub use check::{check, check_in, check_str, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
 pub use schema::{
-    AgentConfig, ApprovalsConfig, BudgetConfig, ContextSection, ContextStrategyName,
-    CriticConfig, CriticRule, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig,
-    OutputFormat, PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig,
-    ToolsConfig,
+    AgentConfig, ApprovalsConfig, BudgetConfig, ContextSection, ContextStrategyName, CriticConfig,
+    CriticRule, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig, OutputFormat,
+    PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig, ToolsConfig,
 };
 
 /// Re-exported so callers need not depend on the owning crates for these sections.

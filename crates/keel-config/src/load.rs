@@ -109,9 +109,16 @@ impl KeelConfig {
                     warnings: Vec::new(),
                 });
             }
-            Err(e) => return Err(ConfigError::Io { path: file, message: e.to_string() }),
+            Err(e) => {
+                return Err(ConfigError::Io {
+                    path: file,
+                    message: e.to_string(),
+                });
+            }
         };
-        let base_dir = file.parent().map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
+        let base_dir = file
+            .parent()
+            .map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
         let shown = path.map_or_else(|| DEFAULT_FILE.to_string(), |p| p.display().to_string());
         let (config, diagnostics) = Self::parse_with_env(&text, &shown, &base_dir, &process_env);
         match config {
@@ -122,7 +129,10 @@ impl KeelConfig {
                 dotenv,
                 warnings: diagnostics,
             }),
-            _ => Err(ConfigError::Invalid { path: file, diagnostics }),
+            _ => Err(ConfigError::Invalid {
+                path: file,
+                diagnostics,
+            }),
         }
     }
 
@@ -138,7 +148,11 @@ impl KeelConfig {
         let analysis = analyze(text, file, env);
         let mut diagnostics = analysis.diagnostics;
         if let Some(config) = &analysis.config {
-            let reporter = crate::analyze::Reporter { text, file, spans: &analysis.spans };
+            let reporter = crate::analyze::Reporter {
+                text,
+                file,
+                spans: &analysis.spans,
+            };
             semantic(config, &reporter, base_dir, env, &mut diagnostics);
         }
         (analysis.config, diagnostics)
@@ -147,10 +161,14 @@ impl KeelConfig {
     /// Parses configuration text, failing on the first blocking problems (all listed).
     /// `${VAR}` references are expanded from the process environment.
     pub fn from_toml_str(text: &str) -> Result<KeelConfig, ConfigError> {
-        let (config, diagnostics) = Self::parse_with_env(text, DEFAULT_FILE, Path::new("."), &process_env);
+        let (config, diagnostics) =
+            Self::parse_with_env(text, DEFAULT_FILE, Path::new("."), &process_env);
         match config {
             Some(config) if !load_blocking(&diagnostics) => Ok(config),
-            _ => Err(ConfigError::Invalid { path: PathBuf::from(DEFAULT_FILE), diagnostics }),
+            _ => Err(ConfigError::Invalid {
+                path: PathBuf::from(DEFAULT_FILE),
+                diagnostics,
+            }),
         }
     }
 }

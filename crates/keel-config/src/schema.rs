@@ -315,7 +315,9 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { url: DEFAULT_STORE_URL.into() }
+        Self {
+            url: DEFAULT_STORE_URL.into(),
+        }
     }
 }
 
@@ -341,8 +343,13 @@ pub struct ResolvedModel {
 }
 
 /// Providers Keel knows without a `[providers]` entry.
-pub const BUILTIN_PROVIDERS: [&str; 5] =
-    ["anthropic", "openai", "openai-responses", "openrouter", "ollama"];
+pub const BUILTIN_PROVIDERS: [&str; 5] = [
+    "anthropic",
+    "openai",
+    "openai-responses",
+    "openrouter",
+    "ollama",
+];
 
 /// The usual API-key variable of a built-in provider (`None`: no key needed).
 pub fn default_api_key_env(provider: &str) -> Option<&'static str> {
@@ -366,7 +373,11 @@ impl KeelConfig {
             });
         }
         let (provider, model) = split_spec(spec)?;
-        Some(ResolvedModel { provider: provider.into(), model: model.into(), settings: None })
+        Some(ResolvedModel {
+            provider: provider.into(),
+            model: model.into(),
+            settings: None,
+        })
     }
 
     /// The environment variable holding `provider`'s API key (configured, else usual).
@@ -394,5 +405,6 @@ impl KeelConfig {
 
 /// Splits `provider:model`; `None` unless both halves are non-empty.
 pub fn split_spec(spec: &str) -> Option<(&str, &str)> {
-    spec.split_once(':').filter(|(p, m)| !p.trim().is_empty() && !m.trim().is_empty())
+    spec.split_once(':')
+        .filter(|(p, m)| !p.trim().is_empty() && !m.trim().is_empty())
 }

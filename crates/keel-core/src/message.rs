@@ -67,6 +67,9 @@ impl ToolResult {
 }
 
 /// One piece of a message.
+// `ToolResult` is the large variant; boxing it would put an allocation on every tool result
+// and a `Box` in every pattern match across the workspace for a few hundred bytes per part.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {

@@ -317,6 +317,7 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
             ),
         ));
     }
+    let grammar_started = Instant::now();
     let mut matcher = match &job.constraint {
         Constraint::Free => None,
         Constraint::Lark(lark) => {
@@ -336,6 +337,7 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         }
     };
 
+    let grammar_ms = grammar_started.elapsed().as_millis();
     let batch_size = job.batch_size.max(16);
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(job.n_ctx))
@@ -389,6 +391,8 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
     let mut stop = StopReason::MaxTokens;
     let mut piece = Vec::with_capacity(32);
     let decode_started = Instant::now();
+    let mut mask_time = std::time::Duration::ZERO;
+    let mut eval_time = std::time::Duration::ZERO;
 
     while n_gen < job.max_tokens && u32::try_from(pos).unwrap_or(u32::MAX) < job.n_ctx {
         if tx.is_closed() {
@@ -400,9 +404,11 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
                 break;
             }
             Some(m) => {
+                let t = Instant::now();
                 let mut mask = m
                     .compute_mask()
                     .map_err(|e| other(format!("grammar: {e}")))?;
+                mask_time += t.elapsed();
                 if out.digit_run >= job.max_digits {
                     limit_digits(&mut mask, &engine.digit_start);
                 }
@@ -457,13 +463,21 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         batch.clear();
         batch.add(token, pos, &[0], true).map_err(other)?;
         pos = pos.saturating_add(1);
+        let t = Instant::now();
         ctx.decode(&mut batch)
             .map_err(|e| other(format!("decoding failed: {e}")))?;
+        eval_time += t.elapsed();
     }
     if tx.is_closed() {
         return Ok(Err(Cancelled));
     }
     let decode_secs = decode_started.elapsed().as_secs_f64();
+    if std::env::var_os("KEEL_LOCAL_TIMINGS").is_some() {
+        eprintln!(
+            "keel-local: grammar {grammar_ms} ms, prompt {n_prompt} tokens {prompt_ms} ms, \
+             {n_gen} tokens in {decode_secs:.2} s (mask {mask_time:?}, eval {eval_time:?})"
+        );
+    }
     tracing::debug!(
         prompt_tokens = n_prompt,
         prompt_ms = prompt_ms as u64,

@@ -20,15 +20,17 @@ pub fn model_path() -> PathBuf {
     }
 }
 
-/// The default model with test-friendly options (2 threads, small context).
+/// The default model with the given options.
 pub fn model(options: LocalModelOptions) -> LocalModel {
     LocalModel::load(model_path(), options).expect("load the default local model")
 }
 
-/// Test options: deterministic, 2 threads, 2048-token context.
+/// Test options: deterministic, 2048-token context, `KEEL_LOCAL_THREADS` threads (default
+/// 1: on a busy 2-core machine two spinning llama.cpp threads are several times slower).
 pub fn options() -> LocalModelOptions {
+    let threads = std::env::var("KEEL_LOCAL_THREADS").ok().and_then(|v| v.parse().ok());
     LocalModelOptions::default()
-        .with_threads(2)
+        .with_threads(threads.unwrap_or(1))
         .with_context_size(2048)
         .with_temperature(0.0)
 }

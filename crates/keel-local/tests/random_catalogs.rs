@@ -25,6 +25,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 
+/// How many generations (override with `KEEL_LOCAL_GENERATIONS` when debugging).
 const GENERATIONS: usize = 100;
 const TOKEN_CAP: u32 = 320;
 
@@ -134,7 +135,11 @@ async fn hundred_random_catalogues_all_calls_validate_and_terminate() {
     let started = Instant::now();
     let mut calls_checked = 0usize;
     let mut output_tokens = 0u64;
-    for i in 0..GENERATIONS {
+    let generations = std::env::var("KEEL_LOCAL_GENERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(GENERATIONS);
+    for i in 0..generations {
         let tools = catalogue(&mut rng);
         let target = tools.choose(&mut rng).unwrap().name.clone();
         // Alternate: force the named tool, or require some tool and let the model pick.
@@ -192,9 +197,16 @@ async fn hundred_random_catalogues_all_calls_validate_and_terminate() {
             );
             calls_checked += 1;
         }
+        if (i + 1) % 10 == 0 {
+            eprintln!(
+                "{} generations, {calls_checked} calls valid, {output_tokens} tokens, {:.1} s",
+                i + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     eprintln!(
-        "{GENERATIONS} constrained generations, {calls_checked} calls validated, \
+        "{generations} constrained generations, {calls_checked} calls validated, \
          {output_tokens} tokens, {:.1} s",
         started.elapsed().as_secs_f64()
     );

@@ -16,6 +16,9 @@ use crate::spans::SpanRecord;
 use crate::turns::TurnRecord;
 
 /// One line of a trace file.
+// Records are read and written one at a time, never stored in bulk hot paths; boxing the
+// event variant would only add an allocation per line.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 pub enum TraceRecord {

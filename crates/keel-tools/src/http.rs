@@ -25,7 +25,10 @@
 //! `Retry-After` becomes `retry_after_ms`. JSON responses are parsed; anything else is
 //! returned as text. Every request has a timeout and honours `ToolContext::cancel`.
 
+mod response;
 pub mod template;
+
+use response::{error_message, redact_query, retry_after_ms};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -196,10 +199,16 @@ impl HttpToolConfig {
     }
 
     /// [`missing_env_vars`](Self::missing_env_vars) with an explicit environment lookup.
-    pub fn missing_env_vars_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    pub fn missing_env_vars_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        let fields = std::iter::once(("url".to_string(), &self.url))
-            .chain(self.headers.iter().map(|(k, v)| (format!("headers.{k}"), v)));
+        let fields = std::iter::once(("url".to_string(), &self.url)).chain(
+            self.headers
+                .iter()
+                .map(|(k, v)| (format!("headers.{k}"), v)),
+        );
         for (field, text) in fields {
             for reference in template::env_refs(text) {
                 if reference.default.is_none() && env(&reference.name).is_none() {
@@ -369,7 +378,11 @@ impl HttpTool {
     }
 
     /// Builds the request for `args`, or an `invalid_input` error naming the argument.
-    fn request(&self, args: &Value, ctx: &ToolContext) -> Result<reqwest::RequestBuilder, ToolError> {
+    fn request(
+        &self,
+        args: &Value,
+        ctx: &ToolContext,
+    ) -> Result<reqwest::RequestBuilder, ToolError> {
         let empty = Map::new();
         let args = match args {
             Value::Object(map) => map,
@@ -384,7 +397,9 @@ impl HttpTool {
         let url = template::fill_placeholders(&self.url_template, args)
             .map_err(ToolError::invalid_input)?;
         let mut url = url::Url::parse(&url).map_err(|error| {
-            ToolError::invalid_input(format!("the URL built from the arguments is invalid: {error}"))
+            ToolError::invalid_input(format!(
+                "the URL built from the arguments is invalid: {error}"
+            ))
         })?;
         let rest: Map<String, Value> = args
             .iter()
@@ -411,13 +426,15 @@ impl HttpTool {
                     match value {
                         Value::Array(items) => {
                             for item in items {
-                                let text = template::scalar_text(item).unwrap_or_else(|| item.to_string());
+                                let text =
+                                    template::scalar_text(item).unwrap_or_else(|| item.to_string());
                                 pairs.append_pair(key, &text);
                             }
                         }
                         Value::Null => {}
                         other => {
-                            let text = template::scalar_text(other).unwrap_or_else(|| other.to_string());
+                            let text =
+                                template::scalar_text(other).unwrap_or_else(|| other.to_string());
                             pairs.append_pair(key, &text);
                         }
                     }
@@ -425,9 +442,10 @@ impl HttpTool {
             }
             builder = self.client.request(self.method.as_reqwest(), url);
         }
-        builder = builder
-            .headers(self.headers.clone())
-            .header(reqwest::header::ACCEPT, "application/json, text/plain;q=0.9, */*;q=0.5");
+        builder = builder.headers(self.headers.clone()).header(
+            reqwest::header::ACCEPT,
+            "application/json, text/plain;q=0.9, */*;q=0.5",
+        );
         if self.spec.effect != Effect::ReadOnly {
             builder = builder.header("Idempotency-Key", &ctx.idempotency_key);
         }
@@ -442,7 +460,11 @@ impl HttpTool {
         let retry_after_ms = retry_after_ms(response.headers());
         let mut body = Vec::new();
         let mut cut = false;
-        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport_error(&e))? {
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.transport_error(&e))?
+        {
             let room = MAX_BODY_BYTES.saturating_sub(body.len());
             body.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
             if chunk.len() > room {
@@ -504,7 +526,10 @@ impl HttpTool {
         if error.is_timeout() {
             ToolError::new(
                 ToolErrorCode::Timeout,
-                format!("`{name}`: {target} did not answer within {} ms", self.spec.timeout_ms),
+                format!(
+                    "`{name}`: {target} did not answer within {} ms",
+                    self.spec.timeout_ms
+                ),
             )
         } else if error.is_connect() {
             ToolError::new(
@@ -520,75 +545,22 @@ impl HttpTool {
     }
 }
 
-/// The URL without its query string (which may carry arguments or keys).
-fn redact_query(url: &url::Url) -> String {
-    let mut url = url.clone();
-    url.set_query(None);
-    url.to_string()
-}
-
-/// A human-readable error message from a JSON error body (`{"error": "..."}`,
-/// `{"error": {"message": ".."}}`, `{"message": ".."}`), with any `field`/`fix` hints.
-fn error_message(body: &Value) -> Option<String> {
-    let error = body.get("error").unwrap_or(body);
-    let message = match error {
-        Value::String(s) => s.clone(),
-        Value::Object(map) => map
-            .get("message")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| error.to_string()),
-        _ => return None,
-    };
-    let hint = |key: &str| {
-        error
-            .get(key)
-            .or_else(|| body.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
-    let mut out = message;
-    if let Some(field) = hint("field")
-        && !out.contains(&field)
-    {
-        out.push_str(&format!(" (field `{field}`)"));
-    }
-    if let Some(fix) = hint("fix")
-        && !out.contains(&fix)
-    {
-        out.push_str(&format!(" Fix: {fix}"));
-    }
-    Some(out)
-}
-
-/// `Retry-After` (seconds or an HTTP date) or `retry-after-ms`, in milliseconds.
-fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
-    if let Some(ms) = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v >= 0.0)
-    {
-        return Some(ms.round() as u64);
-    }
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| (seconds * 1000.0).round() as u64);
-    }
-    let when = httpdate::parse_http_date(value).ok()?;
-    let wait = when.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-    Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl DynTool for HttpTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
 
-    fn call<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<Value, ToolError>> {
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
         Box::pin(async move {
             if ctx.cancel.is_cancelled() {
-                return Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled"));
+                return Err(ToolError::new(
+                    ToolErrorCode::Cancelled,
+                    "the call was cancelled",
+                ));
             }
             tokio::select! {
                 result = self.perform(args, ctx) => result,

@@ -1,6 +1,12 @@
 //! Declarative HTTP tools against a loopback axum server: templating, bodies, headers from
 //! the environment, status mapping, Retry-After, timeouts, cancellation and config errors.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -84,7 +90,10 @@ async fn get_fills_the_path_and_sends_other_arguments_as_query() {
     let addr = start().await;
     let tool = get_tool(addr, "/items/{id}");
     assert_eq!(tool.spec().effect, Effect::ReadOnly);
-    let out = tool.call(json!({"id": "v2.1.0 beta", "verbose": true}), &ctx()).await.unwrap();
+    let out = tool
+        .call(json!({"id": "v2.1.0 beta", "verbose": true}), &ctx())
+        .await
+        .unwrap();
     assert_eq!(out["id"], "v2.1.0 beta");
     assert_eq!(out["query"]["verbose"], "true");
 }
@@ -101,17 +110,17 @@ async fn a_missing_url_argument_is_invalid_input_naming_it() {
 #[tokio::test]
 async fn post_sends_a_json_body_env_headers_and_an_idempotency_key() {
     let addr = start().await;
-    let cfg = config(&format!(
+    let cfg = config(
         r#"
         name = "file_report"
         description = "File a report."
         usage = "file_report — send severity and findings."
         method = "POST"
-        url = "${{BASE_URL:-http://unused}}/echo"
-        headers = {{ Authorization = "Bearer ${{TOKEN}}" }}
-        input_schema = {{ type = "object", properties = {{ severity = {{ type = "string" }}, findings = {{ type = "array", items = {{ type = "string" }} }} }}, required = ["severity"] }}
-        "#
-    ));
+        url = "${BASE_URL:-http://unused}/echo"
+        headers = { Authorization = "Bearer ${TOKEN}" }
+        input_schema = { type = "object", properties = { severity = { type = "string" }, findings = { type = "array", items = { type = "string" } } }, required = ["severity"] }
+        "#,
+    );
     let env = move |name: &str| match name {
         "BASE_URL" => Some(format!("http://{addr}")),
         "TOKEN" => Some("s3cret".into()),
@@ -119,9 +128,18 @@ async fn post_sends_a_json_body_env_headers_and_an_idempotency_key() {
     };
     let tool = HttpTool::with_env(cfg, &env).unwrap();
     assert_eq!(tool.spec().effect, Effect::Mutating);
-    assert!(!format!("{tool:?}").contains("s3cret"), "secrets stay out of Debug");
-    let out = tool.call(json!({"severity": "high", "findings": ["a", "b"]}), &ctx()).await.unwrap();
-    assert_eq!(out["body"], json!({"severity": "high", "findings": ["a", "b"]}));
+    assert!(
+        !format!("{tool:?}").contains("s3cret"),
+        "secrets stay out of Debug"
+    );
+    let out = tool
+        .call(json!({"severity": "high", "findings": ["a", "b"]}), &ctx())
+        .await
+        .unwrap();
+    assert_eq!(
+        out["body"],
+        json!({"severity": "high", "findings": ["a", "b"]})
+    );
     assert_eq!(out["auth"], "Bearer s3cret");
     assert_eq!(out["idempotency_key"], "thread-1:call-1");
 }
@@ -129,19 +147,38 @@ async fn post_sends_a_json_body_env_headers_and_an_idempotency_key() {
 #[tokio::test]
 async fn status_404_is_not_found_with_status_and_body_in_details() {
     let addr = start().await;
-    let error = get_tool(addr, "/missing").call(json!({}), &ctx()).await.unwrap_err();
+    let error = get_tool(addr, "/missing")
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::NotFound);
-    assert!(error.message.contains("404") && error.message.contains("no such release"), "{}", error.message);
-    assert!(error.message.contains("release_id"), "field hint: {}", error.message);
+    assert!(
+        error.message.contains("404") && error.message.contains("no such release"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("release_id"),
+        "field hint: {}",
+        error.message
+    );
     let details = error.details.unwrap();
     assert_eq!(details["status"], 404);
-    assert!(details["body"].as_str().unwrap().contains("no such release"));
+    assert!(
+        details["body"]
+            .as_str()
+            .unwrap()
+            .contains("no such release")
+    );
 }
 
 #[tokio::test]
 async fn status_500_is_retryable_server() {
     let addr = start().await;
-    let error = get_tool(addr, "/boom").call(json!({}), &ctx()).await.unwrap_err();
+    let error = get_tool(addr, "/boom")
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::RetryableServer);
     assert!(error.code.is_retryable());
     assert_eq!(error.details.unwrap()["body"], "database exploded");
@@ -150,7 +187,10 @@ async fn status_500_is_retryable_server() {
 #[tokio::test]
 async fn status_429_is_rate_limited_with_retry_after() {
     let addr = start().await;
-    let error = get_tool(addr, "/limited").call(json!({}), &ctx()).await.unwrap_err();
+    let error = get_tool(addr, "/limited")
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::RateLimited);
     assert_eq!(error.retry_after_ms, Some(2_000));
 }
@@ -158,7 +198,10 @@ async fn status_429_is_rate_limited_with_retry_after() {
 #[tokio::test]
 async fn non_json_responses_come_back_as_text() {
     let addr = start().await;
-    let out = get_tool(addr, "/text").call(json!({}), &ctx()).await.unwrap();
+    let out = get_tool(addr, "/text")
+        .call(json!({}), &ctx())
+        .await
+        .unwrap();
     assert_eq!(out, json!("plain words"));
 }
 
@@ -166,7 +209,10 @@ async fn non_json_responses_come_back_as_text() {
 async fn a_slow_service_times_out() {
     let addr = start().await;
     let started = Instant::now();
-    let error = get_tool(addr, "/slow").call(json!({}), &ctx()).await.unwrap_err();
+    let error = get_tool(addr, "/slow")
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
@@ -203,9 +249,16 @@ async fn connection_refused_is_retryable_and_says_so() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let error = get_tool(addr, "/items/{id}").call(json!({"id": "x"}), &ctx()).await.unwrap_err();
+    let error = get_tool(addr, "/items/{id}")
+        .call(json!({"id": "x"}), &ctx())
+        .await
+        .unwrap_err();
     assert_eq!(error.code, ToolErrorCode::RetryableServer);
-    assert!(error.message.contains("cannot connect"), "{}", error.message);
+    assert!(
+        error.message.contains("cannot connect"),
+        "{}",
+        error.message
+    );
 }
 
 const BASE: &str = r#"
@@ -223,13 +276,23 @@ fn a_missing_env_var_is_named_at_construction_and_by_missing_env_vars() {
     let missing = cfg.missing_env_vars_with(&|_| None);
     assert_eq!(
         missing,
-        vec![("SVC_URL".to_string(), "url".to_string()), ("SVC_KEY".to_string(), "headers.X-Key".to_string())]
+        vec![
+            ("SVC_URL".to_string(), "url".to_string()),
+            ("SVC_KEY".to_string(), "headers.X-Key".to_string())
+        ]
     );
     let error = HttpTool::with_env(cfg.clone(), &|_| None).unwrap_err();
-    assert!(matches!(&error, HttpToolError::MissingEnv { variable, .. } if variable == "SVC_URL"), "{error}");
+    assert!(
+        matches!(&error, HttpToolError::MissingEnv { variable, .. } if variable == "SVC_URL"),
+        "{error}"
+    );
     assert!(error.to_string().contains("`SVC_URL`"), "{error}");
-    let error = HttpTool::with_env(cfg, &|n| (n == "SVC_URL").then(|| "http://h".to_string())).unwrap_err();
-    assert!(error.to_string().contains("SVC_KEY") && error.to_string().contains("headers.X-Key"), "{error}");
+    let error =
+        HttpTool::with_env(cfg, &|n| (n == "SVC_URL").then(|| "http://h".to_string())).unwrap_err();
+    assert!(
+        error.to_string().contains("SVC_KEY") && error.to_string().contains("headers.X-Key"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -237,18 +300,31 @@ fn config_errors_name_the_field_and_the_fix() {
     // A placeholder that is not an argument.
     let cfg = config(&format!("{BASE}url = \"http://h/{{release}}\"\n"));
     let error = HttpTool::with_env(cfg, &|_| None).unwrap_err().to_string();
-    assert!(error.contains("`{release}`") && error.contains("input_schema"), "{error}");
+    assert!(
+        error.contains("`{release}`") && error.contains("input_schema"),
+        "{error}"
+    );
     // Not a URL.
     let cfg = config(&format!("{BASE}url = \"not a url\"\n"));
     let error = HttpTool::with_env(cfg, &|_| None).unwrap_err().to_string();
     assert!(error.contains("url:"), "{error}");
     // Bad tool name and zero timeout.
-    let cfg = config("name = \"BadName\"\ndescription = \"d\"\nusage = \"u\"\nmethod = \"GET\"\nurl = \"http://h/\"\ntimeout_ms = 0\n");
+    let cfg = config(
+        "name = \"BadName\"\ndescription = \"d\"\nusage = \"u\"\nmethod = \"GET\"\nurl = \"http://h/\"\ntimeout_ms = 0\n",
+    );
     let error = HttpTool::with_env(cfg, &|_| None).unwrap_err().to_string();
-    assert!(error.contains("bad_name") && error.contains("timeout_ms"), "{error}");
+    assert!(
+        error.contains("bad_name") && error.contains("timeout_ms"),
+        "{error}"
+    );
     // Unknown keys and bad methods are refused by the parser, naming them.
-    let error = toml::from_str::<HttpToolConfig>(&format!("{BASE}url = \"http://h/\"\ntimeout = 5\n")).unwrap_err();
-    assert!(error.to_string().contains("unknown field `timeout`"), "{error}");
+    let error =
+        toml::from_str::<HttpToolConfig>(&format!("{BASE}url = \"http://h/\"\ntimeout = 5\n"))
+            .unwrap_err();
+    assert!(
+        error.to_string().contains("unknown field `timeout`"),
+        "{error}"
+    );
     let error = toml::from_str::<HttpToolConfig>("name = \"t\"\ndescription = \"d\"\nusage = \"u\"\nmethod = \"FETCH\"\nurl = \"http://h/\"\n")
         .unwrap_err();
     assert!(error.to_string().contains("FETCH"), "{error}");

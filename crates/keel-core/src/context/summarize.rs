@@ -228,7 +228,7 @@ impl SummarizeStrategy {
                     return Ok((text.trim().to_string(), response.usage));
                 }
                 Err(error) if error.kind == ModelErrorKind::ContextOverflow && attempt == 0 => {
-                    budget = budget / 2;
+                    budget /= 2;
                 }
                 Err(error) => return Err(ContextError::Summarizer(error)),
             }

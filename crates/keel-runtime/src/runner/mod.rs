@@ -36,13 +36,21 @@ pub(crate) async fn start(
     if new_messages.is_empty() {
         return Err(RunError::NoInput);
     }
-    if let Some(run) = thread.state().run().filter(|_| thread.state().run_in_progress()) {
+    if let Some(run) = thread
+        .state()
+        .run()
+        .filter(|_| thread.state().run_in_progress())
+    {
         return Err(RunError::RunInProgress {
             thread_id: thread.id().to_string(),
             run_id: run.run_id.clone(),
         });
     }
-    let goal = new_messages.iter().map(Message::text).collect::<Vec<_>>().join("\n");
+    let goal = new_messages
+        .iter()
+        .map(Message::text)
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut journal = Journal::start(thread, ctx, new_id("run"));
     let span = journal.run_span().to_string();
     let mut batch = vec![(
@@ -55,13 +63,21 @@ pub(crate) async fn start(
         },
         span.clone(),
     )];
-    batch.extend(new_messages.into_iter().map(|message| (EventKind::UserMessage { message }, span.clone())));
+    batch.extend(
+        new_messages
+            .into_iter()
+            .map(|message| (EventKind::UserMessage { message }, span.clone())),
+    );
     journal.append_batch(batch).await?;
     drive(agent, &mut journal).await
 }
 
 /// Resumes the run in progress on a thread.
-pub(crate) async fn resume(agent: &Agent, thread: &mut Thread, ctx: &RunContext) -> Result<RunOutcome, RunError> {
+pub(crate) async fn resume(
+    agent: &Agent,
+    thread: &mut Thread,
+    ctx: &RunContext,
+) -> Result<RunOutcome, RunError> {
     let Some(run_id) = thread
         .state()
         .run()
@@ -81,10 +97,20 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
     loop {
         if journal.state().run_in_progress() {
             if journal.ctx().cancel.is_cancelled() {
-                finish(journal, EndState::Cancelled, Some("cancelled by the user".into()), None).await?;
+                finish(
+                    journal,
+                    EndState::Cancelled,
+                    Some("cancelled by the user".into()),
+                    None,
+                )
+                .await?;
                 continue;
             }
-            let invalid = journal.state().run().map(|r| r.invalid_actions).unwrap_or(0);
+            let invalid = journal
+                .state()
+                .run()
+                .map(|r| r.invalid_actions)
+                .unwrap_or(0);
             if invalid > agent.max_invalid_actions {
                 let reason = format!(
                     "the model gave no valid action after {} re-asks",
@@ -96,7 +122,11 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
         }
         let action = decide(journal.state(), Utc::now());
         match action {
-            Action::Finish { end_state, reason, final_text } => {
+            Action::Finish {
+                end_state,
+                reason,
+                final_text,
+            } => {
                 if !journal.state().run_in_progress() {
                     return Ok(outcome(journal, RunStatus::Ended { end_state }));
                 }
@@ -112,7 +142,10 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                 }
                 finish(journal, end_state, reason, final_text).await?;
             }
-            Action::CallModel { turn, final_summary } => {
+            Action::CallModel {
+                turn,
+                final_summary,
+            } => {
                 model_call::call_model(agent, journal, turn, final_summary).await?;
             }
             Action::ExecuteTools(calls) => {
@@ -125,7 +158,10 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                     return Ok(outcome(journal, status));
                 }
             }
-            Action::AwaitUser { question, missing_fields } => {
+            Action::AwaitUser {
+                question,
+                missing_fields,
+            } => {
                 let (question, missing_fields) = (question.to_string(), missing_fields.to_vec());
                 await_user(journal, question, missing_fields).await?;
             }
@@ -135,7 +171,11 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
 
 /// Asks the user-input source; without an answer the run ends `clarify_needed` with the
 /// question in its outcome (a later run on the thread carries the answer).
-async fn await_user(journal: &mut Journal<'_>, question: String, missing_fields: Vec<String>) -> Result<(), RunError> {
+async fn await_user(
+    journal: &mut Journal<'_>,
+    question: String,
+    missing_fields: Vec<String>,
+) -> Result<(), RunError> {
     let ctx = journal.ctx().clone();
     let answer = tokio::select! {
         answer = ctx.user_input.answer(journal.thread_id(), &question, &missing_fields) => answer,
@@ -149,7 +189,12 @@ async fn await_user(journal: &mut Journal<'_>, question: String, missing_fields:
     match (answer, ask_call) {
         (Some(answer), Some(call)) => {
             let outcome = ok_outcome(journal, &call, serde_json::json!({ "answer": answer }));
-            journal.append_batch(vec![(tool_finished(call, outcome, None), journal.run_span().to_string())]).await
+            journal
+                .append_batch(vec![(
+                    tool_finished(call, outcome, None),
+                    journal.run_span().to_string(),
+                )])
+                .await
         }
         (Some(answer), None) => journal.append(EventKind::UserAnswered { answer }).await,
         (None, _) => {
@@ -167,16 +212,25 @@ enum FinalVerdict {
 
 /// Runs the critic on the final answer (once per answer), journals the verdict, and sends
 /// an unsatisfied answer back to the model with its gaps, a bounded number of times.
-async fn critique_final_answer(agent: &Agent, journal: &mut Journal<'_>) -> Result<FinalVerdict, RunError> {
-    let Some(critic) = &agent.critic else { return Ok(FinalVerdict::Accepted) };
-    let Some(run) = journal.state().run() else { return Ok(FinalVerdict::Accepted) };
+async fn critique_final_answer(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+) -> Result<FinalVerdict, RunError> {
+    let Some(critic) = &agent.critic else {
+        return Ok(FinalVerdict::Accepted);
+    };
+    let Some(run) = journal.state().run() else {
+        return Ok(FinalVerdict::Accepted);
+    };
     if let Some(satisfied) = run.answer_verdict {
         // Already judged (e.g. before a crash): a rejected answer past the limit fails.
-        return Ok(if satisfied || run.critic_rejections <= agent.max_critic_rejections {
-            FinalVerdict::Accepted
-        } else {
-            FinalVerdict::Rejected("the critic rejected the final answer".into())
-        });
+        return Ok(
+            if satisfied || run.critic_rejections <= agent.max_critic_rejections {
+                FinalVerdict::Accepted
+            } else {
+                FinalVerdict::Rejected("the critic rejected the final answer".into())
+            },
+        );
     }
     let goal = journal
         .run_events()
@@ -186,9 +240,18 @@ async fn critique_final_answer(agent: &Agent, journal: &mut Journal<'_>) -> Resu
             _ => None,
         })
         .unwrap_or_default();
-    let answer = journal.state().messages().last().map(Message::text).unwrap_or_default();
+    let answer = journal
+        .state()
+        .messages()
+        .last()
+        .map(Message::text)
+        .unwrap_or_default();
     let verdict = critic
-        .assess(CriticInput { goal: &goal, messages: journal.state().messages(), subject: Subject::FinalAnswer(&answer) })
+        .assess(CriticInput {
+            goal: &goal,
+            messages: journal.state().messages(),
+            subject: Subject::FinalAnswer(&answer),
+        })
         .await;
     let gaps = verdict.known_gaps.join("; ");
     journal
@@ -201,7 +264,11 @@ async fn critique_final_answer(agent: &Agent, journal: &mut Journal<'_>) -> Resu
     if verdict.satisfied {
         return Ok(FinalVerdict::Accepted);
     }
-    let rejections = journal.state().run().map(|r| r.critic_rejections).unwrap_or(0);
+    let rejections = journal
+        .state()
+        .run()
+        .map(|r| r.critic_rejections)
+        .unwrap_or(0);
     if rejections > agent.max_critic_rejections || verdict.next == CriticNext::Stop {
         return Ok(FinalVerdict::Rejected(format!(
             "the critic rejected the final answer {rejections} time(s): {gaps}"
@@ -210,12 +277,21 @@ async fn critique_final_answer(agent: &Agent, journal: &mut Journal<'_>) -> Resu
     let feedback = format!(
         "Your answer is not complete yet. Missing: {gaps}. Address every gap (use the tools if needed), then give your final answer."
     );
-    journal.append(EventKind::UserMessage { message: Message::user(feedback) }).await?;
+    journal
+        .append(EventKind::UserMessage {
+            message: Message::user(feedback),
+        })
+        .await?;
     Ok(FinalVerdict::SentBack)
 }
 
 fn outcome(journal: &Journal<'_>, status: RunStatus) -> RunOutcome {
-    RunOutcome::from_run_events(journal.thread_id(), journal.run_id(), journal.run_events(), status)
+    RunOutcome::from_run_events(
+        journal.thread_id(),
+        journal.run_id(),
+        journal.run_events(),
+        status,
+    )
 }
 
 /// Ends the run, first answering any unanswered tool call so the thread never holds an
@@ -226,7 +302,11 @@ async fn finish(
     reason: Option<String>,
     final_text: Option<String>,
 ) -> Result<(), RunError> {
-    let unanswered: Vec<ToolCall> = journal.state().unanswered_calls().map(|p| p.call.clone()).collect();
+    let unanswered: Vec<ToolCall> = journal
+        .state()
+        .unanswered_calls()
+        .map(|p| p.call.clone())
+        .collect();
     let span = journal.run_span().to_string();
     let because = reason.clone().unwrap_or_else(|| end_state.to_string());
     let mut batch: Vec<(EventKind, String)> = unanswered
@@ -241,16 +321,48 @@ async fn finish(
             (tool_finished(call, outcome, None), span.clone())
         })
         .collect();
-    batch.push((EventKind::RunEnded { end_state, reason, final_text }, span));
+    batch.push((
+        EventKind::RunEnded {
+            end_state,
+            reason,
+            final_text,
+        },
+        span,
+    ));
     journal.append_batch(batch).await
 }
 
-pub(crate) fn error_outcome(journal: &Journal<'_>, call: &ToolCall, code: ToolErrorCode, message: String) -> ToolOutcome {
-    base_outcome(journal, call, ToolResultKind::Error { code, message, details: None })
+pub(crate) fn error_outcome(
+    journal: &Journal<'_>,
+    call: &ToolCall,
+    code: ToolErrorCode,
+    message: String,
+) -> ToolOutcome {
+    base_outcome(
+        journal,
+        call,
+        ToolResultKind::Error {
+            code,
+            message,
+            details: None,
+        },
+    )
 }
 
-pub(crate) fn ok_outcome(journal: &Journal<'_>, call: &ToolCall, data: serde_json::Value) -> ToolOutcome {
-    base_outcome(journal, call, ToolResultKind::Ok { data, schema_validated: true, truncated: false })
+pub(crate) fn ok_outcome(
+    journal: &Journal<'_>,
+    call: &ToolCall,
+    data: serde_json::Value,
+) -> ToolOutcome {
+    base_outcome(
+        journal,
+        call,
+        ToolResultKind::Ok {
+            data,
+            schema_validated: true,
+            truncated: false,
+        },
+    )
 }
 
 fn base_outcome(journal: &Journal<'_>, call: &ToolCall, result: ToolResultKind) -> ToolOutcome {
@@ -267,9 +379,18 @@ fn base_outcome(journal: &Journal<'_>, call: &ToolCall, result: ToolResultKind) 
 }
 
 /// The `ToolCallFinished` event for a call; `content` overrides what the model sees.
-pub(crate) fn tool_finished(call: ToolCall, outcome: ToolOutcome, content: Option<String>) -> EventKind {
+pub(crate) fn tool_finished(
+    call: ToolCall,
+    outcome: ToolOutcome,
+    content: Option<String>,
+) -> EventKind {
     let content = content.unwrap_or_else(|| outcome.render_for_model());
     EventKind::ToolCallFinished {
-        result: ToolResult { call_id: call.id, name: call.name, outcome, content },
+        result: ToolResult {
+            call_id: call.id,
+            name: call.name,
+            outcome,
+            content,
+        },
     }
 }

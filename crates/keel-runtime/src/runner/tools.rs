@@ -10,7 +10,9 @@ use keel_core::observation::render_for_model;
 use keel_core::planner::{ASK_USER, AskUserArgs, REPLAN, ReplanArgs};
 use keel_core::policy::{PolicyContext, PolicyDecision, missing_required_fields};
 use keel_core::state::PendingCall;
-use keel_core::{Effect, EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind};
+use keel_core::{
+    Effect, EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind,
+};
 
 use super::{error_outcome, ok_outcome, tool_finished};
 use crate::agent::Agent;
@@ -19,12 +21,19 @@ use crate::executor::CallEnv;
 use crate::journal::Journal;
 use crate::outcome::{RunError, RunStatus};
 
-pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, calls: Vec<PendingCall>) -> Result<(), RunError> {
-    let is_executed = |p: &PendingCall| p.approval != Some(false) && p.call.name != ASK_USER && p.call.name != REPLAN;
+pub(super) async fn execute_tools(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    calls: Vec<PendingCall>,
+) -> Result<(), RunError> {
+    let is_executed = |p: &PendingCall| {
+        p.approval != Some(false) && p.call.name != ASK_USER && p.call.name != REPLAN
+    };
     // A call that started before a crash and never finished: re-run it only when repeating
     // it is harmless; a mutating call gets an "interrupted" outcome and goes to the policy.
-    let (interrupted, calls): (Vec<PendingCall>, Vec<PendingCall>) =
-        calls.into_iter().partition(|p| is_executed(p) && p.started && !may_repeat(agent, &p.call.name));
+    let (interrupted, calls): (Vec<PendingCall>, Vec<PendingCall>) = calls
+        .into_iter()
+        .partition(|p| is_executed(p) && p.started && !may_repeat(agent, &p.call.name));
     for pending in interrupted {
         settle_interrupted(agent, journal, pending.call).await?;
     }
@@ -34,24 +43,50 @@ pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, call
     let started: Vec<(EventKind, String)> = calls
         .iter()
         .filter(|p| is_executed(p) && !p.started)
-        .map(|p| (EventKind::ToolCallStarted { call_id: p.call.id.clone(), name: p.call.name.clone() }, new_span_id()))
+        .map(|p| {
+            (
+                EventKind::ToolCallStarted {
+                    call_id: p.call.id.clone(),
+                    name: p.call.name.clone(),
+                },
+                new_span_id(),
+            )
+        })
         .collect();
     journal.append_batch(started).await?;
 
     let ctx = journal.ctx().clone();
     let thread_id = journal.thread_id().to_string();
     let run_id = journal.run_id().to_string();
-    let env = CallEnv { thread_id: &thread_id, run_id: &run_id, cancel: &ctx.cancel };
-    let to_run: Vec<ToolCall> = calls.iter().filter(|p| is_executed(p)).map(|p| p.call.clone()).collect();
+    let env = CallEnv {
+        thread_id: &thread_id,
+        run_id: &run_id,
+        cancel: &ctx.cancel,
+    };
+    let to_run: Vec<ToolCall> = calls
+        .iter()
+        .filter(|p| is_executed(p))
+        .map(|p| p.call.clone())
+        .collect();
     let mut executions = agent.executor.execute_ordered(to_run, env);
     let mut committed: Vec<String> = Vec::new();
     // Results are committed in call order; denied and control calls keep their place.
     for pending in calls {
         let call = pending.call.clone();
         if pending.approval == Some(false) {
-            let reason = pending.denial_reason.clone().unwrap_or_else(|| "no reason given".into());
-            let outcome = error_outcome(journal, &call, ToolErrorCode::Denied, format!("a human denied this call: {reason}"));
-            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await?;
+            let reason = pending
+                .denial_reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".into());
+            let outcome = error_outcome(
+                journal,
+                &call,
+                ToolErrorCode::Denied,
+                format!("a human denied this call: {reason}"),
+            );
+            journal
+                .append_batch(vec![(tool_finished(call, outcome, None), new_span_id())])
+                .await?;
             continue;
         }
         if call.name == ASK_USER {
@@ -62,7 +97,9 @@ pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, call
             replan(journal, call).await?;
             continue;
         }
-        let Some((_, execution)) = executions.next().await else { break };
+        let Some((_, execution)) = executions.next().await else {
+            break;
+        };
         let mut batch: Vec<(EventKind, String)> = execution
             .retries
             .iter()
@@ -82,18 +119,36 @@ pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, call
         let mut outcome = execution.outcome;
         let mut decision = decide_policy(agent, journal, &call, &outcome, false);
         if let Some(PolicyDecision::Fallback { tool }) = &decision {
-            batch.push(policy_event(&call, &outcome, decision.clone().unwrap_or(PolicyDecision::ReturnToModel)));
-            let fallback_call = ToolCall { id: call.id.clone(), name: tool.clone(), arguments: call.arguments.clone() };
+            batch.push(policy_event(
+                &call,
+                &outcome,
+                decision.clone().unwrap_or(PolicyDecision::ReturnToModel),
+            ));
+            let fallback_call = ToolCall {
+                id: call.id.clone(),
+                name: tool.clone(),
+                arguments: call.arguments.clone(),
+            };
             let fallback = agent.executor.execute(&fallback_call, env).await;
             outcome = fallback.outcome;
             decision = decide_policy(agent, journal, &fallback_call, &outcome, true);
         }
         let content = content_for(agent, &outcome);
-        batch.push((tool_finished(call.clone(), outcome.clone(), Some(content)), new_span_id()));
+        batch.push((
+            tool_finished(call.clone(), outcome.clone(), Some(content)),
+            new_span_id(),
+        ));
         if let Some(decision) = decision {
-            if let PolicyDecision::AskUser { question, missing_fields } = &decision {
+            if let PolicyDecision::AskUser {
+                question,
+                missing_fields,
+            } = &decision
+            {
                 batch.push((
-                    EventKind::UserAsked { question: question.clone(), missing_fields: missing_fields.clone() },
+                    EventKind::UserAsked {
+                        question: question.clone(),
+                        missing_fields: missing_fields.clone(),
+                    },
                     new_span_id(),
                 ));
             }
@@ -111,13 +166,20 @@ pub(super) async fn execute_tools(agent: &Agent, journal: &mut Journal<'_>, call
 /// Whether a call of this tool may run again after an interruption: its effect is
 /// read-only or idempotent (an unknown tool is never run, so repeating it is harmless).
 fn may_repeat(agent: &Agent, name: &str) -> bool {
-    agent.executor.spec(name).is_none_or(|spec| spec.effect != Effect::Mutating)
+    agent
+        .executor
+        .spec(name)
+        .is_none_or(|spec| spec.effect != Effect::Mutating)
 }
 
 /// Records the outcome of a mutating call that started but never finished (the process
 /// stopped mid-call): it is NOT executed again. The model is told it may or may not have
 /// taken effect, with its idempotency key, and the policy decides what follows.
-async fn settle_interrupted(agent: &Agent, journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
+async fn settle_interrupted(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    call: ToolCall,
+) -> Result<(), RunError> {
     let idempotency_key = format!("{}:{}", journal.thread_id(), call.id);
     let mut outcome = error_outcome(
         journal,
@@ -140,11 +202,21 @@ async fn settle_interrupted(agent: &Agent, journal: &mut Journal<'_>, call: Tool
     // A fallback tool is not run in place of a call whose effect is unknown.
     let decision = decide_policy(agent, journal, &call, &outcome, false)
         .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
-    let mut batch = vec![(tool_finished(call.clone(), outcome.clone(), None), new_span_id())];
+    let mut batch = vec![(
+        tool_finished(call.clone(), outcome.clone(), None),
+        new_span_id(),
+    )];
     if let Some(decision) = decision {
-        if let PolicyDecision::AskUser { question, missing_fields } = &decision {
+        if let PolicyDecision::AskUser {
+            question,
+            missing_fields,
+        } = &decision
+        {
             batch.push((
-                EventKind::UserAsked { question: question.clone(), missing_fields: missing_fields.clone() },
+                EventKind::UserAsked {
+                    question: question.clone(),
+                    missing_fields: missing_fields.clone(),
+                },
                 new_span_id(),
             ));
         }
@@ -153,7 +225,11 @@ async fn settle_interrupted(agent: &Agent, journal: &mut Journal<'_>, call: Tool
     journal.append_batch(batch).await
 }
 
-fn policy_event(call: &ToolCall, outcome: &ToolOutcome, decision: PolicyDecision) -> (EventKind, String) {
+fn policy_event(
+    call: &ToolCall,
+    outcome: &ToolOutcome,
+    decision: PolicyDecision,
+) -> (EventKind, String) {
     (
         EventKind::PolicyApplied {
             call_id: call.id.clone(),
@@ -166,7 +242,13 @@ fn policy_event(call: &ToolCall, outcome: &ToolOutcome, decision: PolicyDecision
 }
 
 /// The policy decision for a failed outcome (`None` on success).
-fn decide_policy(agent: &Agent, journal: &Journal<'_>, call: &ToolCall, outcome: &ToolOutcome, is_fallback: bool) -> Option<PolicyDecision> {
+fn decide_policy(
+    agent: &Agent,
+    journal: &Journal<'_>,
+    call: &ToolCall,
+    outcome: &ToolOutcome,
+    is_fallback: bool,
+) -> Option<PolicyDecision> {
     outcome.error_code()?;
     let missing = match &outcome.result {
         ToolResultKind::Error { details, .. } => missing_required_fields(details.as_ref()),
@@ -179,12 +261,16 @@ fn decide_policy(agent: &Agent, journal: &Journal<'_>, call: &ToolCall, outcome:
             .run_events()
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::ToolCallFinished { result } if result.name == outcome.tool => match &result.outcome.result {
-                    ToolResultKind::Error { code: ToolErrorCode::InvalidInput, details, .. } => {
-                        Some(missing_required_fields(details.as_ref()))
+                EventKind::ToolCallFinished { result } if result.name == outcome.tool => {
+                    match &result.outcome.result {
+                        ToolResultKind::Error {
+                            code: ToolErrorCode::InvalidInput,
+                            details,
+                            ..
+                        } => Some(missing_required_fields(details.as_ref())),
+                        _ => None,
                     }
-                    _ => None,
-                },
+                }
                 _ => None,
             })
             .filter(|earlier| *earlier == missing)
@@ -193,7 +279,11 @@ fn decide_policy(agent: &Agent, journal: &Journal<'_>, call: &ToolCall, outcome:
     };
     agent.policy.decide(
         outcome,
-        PolicyContext { arguments: &call.arguments, same_missing_field_failures, is_fallback },
+        PolicyContext {
+            arguments: &call.arguments,
+            same_missing_field_failures,
+            is_fallback,
+        },
     )
 }
 
@@ -208,11 +298,17 @@ fn content_for(agent: &Agent, outcome: &ToolOutcome) -> String {
 }
 
 async fn ask_user(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
-    let args = call.parse_arguments().ok().and_then(|v| serde_json::from_value::<AskUserArgs>(v).ok());
+    let args = call
+        .parse_arguments()
+        .ok()
+        .and_then(|v| serde_json::from_value::<AskUserArgs>(v).ok());
     match args {
         Some(args) if !args.question.trim().is_empty() => {
             journal
-                .append(EventKind::UserAsked { question: args.question, missing_fields: args.missing_fields })
+                .append(EventKind::UserAsked {
+                    question: args.question,
+                    missing_fields: args.missing_fields,
+                })
                 .await
         }
         _ => {
@@ -222,20 +318,34 @@ async fn ask_user(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunEr
                 ToolErrorCode::InvalidInput,
                 "ask_user needs {\"question\": string, \"missing_fields\"?: [string]}".into(),
             );
-            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await
+            journal
+                .append_batch(vec![(tool_finished(call, outcome, None), new_span_id())])
+                .await
         }
     }
 }
 
 async fn replan(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunError> {
-    let args = call.parse_arguments().ok().and_then(|v| serde_json::from_value::<ReplanArgs>(v).ok());
+    let args = call
+        .parse_arguments()
+        .ok()
+        .and_then(|v| serde_json::from_value::<ReplanArgs>(v).ok());
     match args {
         Some(args) if !args.subgoals.is_empty() => {
-            let outcome = ok_outcome(journal, &call, serde_json::json!({"status": "plan recorded", "subgoals": args.subgoals}));
+            let outcome = ok_outcome(
+                journal,
+                &call,
+                serde_json::json!({"status": "plan recorded", "subgoals": args.subgoals}),
+            );
             let span = new_span_id();
             journal
                 .append_batch(vec![
-                    (EventKind::Replanned { subgoals: args.subgoals }, span.clone()),
+                    (
+                        EventKind::Replanned {
+                            subgoals: args.subgoals,
+                        },
+                        span.clone(),
+                    ),
                     (tool_finished(call, outcome, None), span),
                 ])
                 .await
@@ -247,14 +357,22 @@ async fn replan(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunErro
                 ToolErrorCode::InvalidInput,
                 "replan needs {\"subgoals\": [string, ...]} with at least one subgoal".into(),
             );
-            journal.append_batch(vec![(tool_finished(call, outcome, None), new_span_id())]).await
+            journal
+                .append_batch(vec![(tool_finished(call, outcome, None), new_span_id())])
+                .await
         }
     }
 }
 
 /// Critiques each new observation; a critic may ask for a replan, a clarification, or stop.
-async fn critique_observations(agent: &Agent, journal: &mut Journal<'_>, call_ids: &[String]) -> Result<(), RunError> {
-    let Some(critic) = &agent.critic else { return Ok(()) };
+async fn critique_observations(
+    agent: &Agent,
+    journal: &mut Journal<'_>,
+    call_ids: &[String],
+) -> Result<(), RunError> {
+    let Some(critic) = &agent.critic else {
+        return Ok(());
+    };
     let goal = journal
         .run_events()
         .iter()
@@ -274,25 +392,42 @@ async fn critique_observations(agent: &Agent, journal: &mut Journal<'_>, call_id
             .cloned();
         let Some(result) = result else { continue };
         let verdict = critic
-            .assess(CriticInput { goal: &goal, messages: journal.state().messages(), subject: Subject::Observation(&result) })
+            .assess(CriticInput {
+                goal: &goal,
+                messages: journal.state().messages(),
+                subject: Subject::Observation(&result),
+            })
             .await;
         let gaps = verdict.known_gaps.join("; ");
         let mut batch = vec![(
-            EventKind::Critique { satisfied: verdict.satisfied, known_gaps: verdict.known_gaps.clone(), next: verdict.next },
+            EventKind::Critique {
+                satisfied: verdict.satisfied,
+                known_gaps: verdict.known_gaps.clone(),
+                next: verdict.next,
+            },
             new_span_id(),
         )];
         match verdict.next {
             CriticNext::Continue => {}
             CriticNext::Replan => batch.push((
-                EventKind::UserMessage { message: Message::user(format!("A reviewer suggests re-planning: {gaps}")) },
+                EventKind::UserMessage {
+                    message: Message::user(format!("A reviewer suggests re-planning: {gaps}")),
+                },
                 new_span_id(),
             )),
             CriticNext::Clarify => batch.push((
-                EventKind::UserAsked { question: format!("Could you clarify: {gaps}?"), missing_fields: Vec::new() },
+                EventKind::UserAsked {
+                    question: format!("Could you clarify: {gaps}?"),
+                    missing_fields: Vec::new(),
+                },
                 new_span_id(),
             )),
             CriticNext::Stop => batch.push(policy_event(
-                &ToolCall { id: result.call_id.clone(), name: result.name.clone(), arguments: String::new() },
+                &ToolCall {
+                    id: result.call_id.clone(),
+                    name: result.name.clone(),
+                    arguments: String::new(),
+                },
                 &result.outcome,
                 PolicyDecision::Stop {
                     end_state: EndState::Failed,
@@ -307,7 +442,10 @@ async fn critique_observations(agent: &Agent, journal: &mut Journal<'_>, call_id
     Ok(())
 }
 
-pub(super) async fn await_approval(journal: &mut Journal<'_>, pending: PendingCall) -> Result<Option<RunStatus>, RunError> {
+pub(super) async fn await_approval(
+    journal: &mut Journal<'_>,
+    pending: PendingCall,
+) -> Result<Option<RunStatus>, RunError> {
     let call = pending.call;
     if !pending.approval_requested {
         journal
@@ -319,7 +457,9 @@ pub(super) async fn await_approval(journal: &mut Journal<'_>, pending: PendingCa
             .await?;
     }
     let decision = if journal.ctx().approval_mode == ApprovalMode::Deny {
-        ApprovalDecision::Deny { reason: Some("approvals are set to deny".into()) }
+        ApprovalDecision::Deny {
+            reason: Some("approvals are set to deny".into()),
+        }
     } else {
         let ctx = journal.ctx().clone();
         tokio::select! {
@@ -329,13 +469,26 @@ pub(super) async fn await_approval(journal: &mut Journal<'_>, pending: PendingCa
     };
     match decision {
         ApprovalDecision::Approve => {
-            journal.append(EventKind::ApprovalGranted { call_id: call.id, by: None }).await?;
+            journal
+                .append(EventKind::ApprovalGranted {
+                    call_id: call.id,
+                    by: None,
+                })
+                .await?;
             Ok(None)
         }
         ApprovalDecision::Deny { reason } => {
-            journal.append(EventKind::ApprovalDenied { call_id: call.id, reason }).await?;
+            journal
+                .append(EventKind::ApprovalDenied {
+                    call_id: call.id,
+                    reason,
+                })
+                .await?;
             Ok(None)
         }
-        ApprovalDecision::Defer => Ok(Some(RunStatus::AwaitingApproval { call_id: call.id, tool: call.name })),
+        ApprovalDecision::Defer => Ok(Some(RunStatus::AwaitingApproval {
+            call_id: call.id,
+            tool: call.name,
+        })),
     }
 }

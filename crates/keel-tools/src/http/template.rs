@@ -73,7 +73,11 @@ pub fn expand_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<St
         rest = after.get(end + 1..).unwrap_or_default();
     }
     out.push_str(rest);
-    if missing.is_empty() { Ok(out) } else { Err(missing) }
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        Err(missing)
+    }
 }
 
 /// The `{name}` placeholders of a URL template (after `${ENV}` expansion), in order and
@@ -156,9 +160,15 @@ mod tests {
     #[test]
     fn env_expansion_with_defaults_and_missing_names() {
         assert_eq!(expand_env("${HOST}/x", &env).unwrap(), "http://svc:1/x");
-        assert_eq!(expand_env("${NOPE:-http://d}/x", &env).unwrap(), "http://d/x");
+        assert_eq!(
+            expand_env("${NOPE:-http://d}/x", &env).unwrap(),
+            "http://d/x"
+        );
         assert_eq!(expand_env("${EMPTY:-d}", &env).unwrap(), "d");
-        assert_eq!(expand_env("Bearer ${TOKEN}", &env).unwrap_err(), vec!["TOKEN"]);
+        assert_eq!(
+            expand_env("Bearer ${TOKEN}", &env).unwrap_err(),
+            vec!["TOKEN"]
+        );
         assert_eq!(expand_env("no refs {id}", &env).unwrap(), "no refs {id}");
         let refs = env_refs("${A:-1}/${B}");
         assert_eq!(refs.len(), 2);
@@ -173,7 +183,28 @@ mod tests {
             fill_placeholders("http://h/r/{id}/{q}/{n}", args).unwrap(),
             "http://h/r/v2.1.0/a%20b%2Fc/3"
         );
-        assert!(fill_placeholders("http://h/{missing}", args).unwrap_err().contains("`missing`"));
+        assert!(
+            fill_placeholders("http://h/{missing}", args)
+                .unwrap_err()
+                .contains("`missing`")
+        );
         assert_eq!(placeholders("http://h/{a}/{b}/{a}"), vec!["a", "b"]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn templates_never_panic_and_plain_text_is_unchanged(text in ".{0,64}", value in ".{0,16}") {
+            let _ = expand_env(&text, &env);
+            let _ = env_refs(&text);
+            let _ = placeholders(&text);
+            let args = serde_json::json!({"a": value});
+            let _ = fill_placeholders(&text, args.as_object().unwrap());
+            if !text.contains("${") {
+                proptest::prop_assert_eq!(expand_env(&text, &env).unwrap(), text.clone());
+            }
+            if !text.contains('{') {
+                proptest::prop_assert_eq!(fill_placeholders(&text, args.as_object().unwrap()).unwrap(), text);
+            }
+        }
     }
 }

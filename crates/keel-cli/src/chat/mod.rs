@@ -1,0 +1,277 @@
+//! `keel chat`: an interactive session with an agent. Each entry starts a run on the
+//! current thread, streamed as it happens (see `render`); Ctrl-C cancels only that turn
+//! (the run ends `cancelled` with a consistent log) and the session continues; Ctrl-D or
+//! `/exit` ends the session with exit code 0. Slash commands are in `commands`.
+
+mod commands;
+mod input;
+mod render;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use keel_core::{CancellationToken, EventStore, Message};
+use keel_runtime::{Agent, RunContext, RunObserver, RunOutcome, Thread};
+use keel_telemetry::{TelemetryConfig, TelemetrySink};
+
+use crate::CliError;
+use crate::agents::{self, AgentArgs, StoreArgs};
+use commands::{Command, SessionCost};
+use input::{Ask, Input, InputHandle};
+use render::{ChatPrinter, InlineApprovals, InlineUserInput};
+
+/// The history file, under the working directory.
+pub const HISTORY_FILE: &str = ".keel/chat_history";
+/// The trace directory, under the working directory.
+pub const TRACE_DIR: &str = ".keel/traces";
+
+/// Flags of `keel chat`.
+#[derive(Debug, clap::Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Continue this thread (created with this id if it does not exist).
+    #[arg(long, value_name = "ID")]
+    pub thread: Option<String>,
+}
+
+/// Runs `keel chat` until `/exit` or Ctrl-D (exit code 0).
+pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
+    let spec = args.agent.spec()?;
+    let built = spec.build(0)?;
+    let store = args.store.events().await?;
+    let thread = match &args.thread {
+        Some(id) => Thread::load(store.as_ref(), id)
+            .await
+            .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?,
+        None => Thread::new(),
+    };
+    let input = InputHandle::start(PathBuf::from(HISTORY_FILE))
+        .map_err(|e| CliError::failure(format!("cannot start the input thread: {e}")))?;
+    let printer = Arc::new(ChatPrinter::new());
+    let telemetry = start_telemetry();
+    let mut context = RunContext::new(store.clone())
+        .with_approval_mode(spec.approve.mode())
+        .with_observer(printer.clone())
+        .with_approvals(Arc::new(InlineApprovals::new(input.clone(), printer.clone())))
+        .with_user_input(Arc::new(InlineUserInput::new(input.clone(), printer.clone())));
+    if let Some(sink) = &telemetry {
+        context = context.with_observer(Arc::new(TraceObserver(sink.clone())));
+    }
+    let mut session = Session {
+        agent: built.agent,
+        store,
+        thread,
+        context,
+        printer,
+        telemetry,
+        last_trace: None,
+        cost: SessionCost::default(),
+    };
+    session.banner();
+    let result = session.repl(&input).await;
+    if let Some(sink) = &session.telemetry
+        && let Err(error) = sink.shutdown().await
+    {
+        eprintln!("keel chat: telemetry shutdown: {error}");
+    }
+    result
+}
+
+/// Trace files for the session's runs (`.keel/traces/<trace_id>.jsonl`); a sink that
+/// cannot start is reported and the session runs without trace files.
+fn start_telemetry() -> Option<Arc<TelemetrySink>> {
+    let config = match TelemetryConfig::default().with_process_env() {
+        Ok(config) => TelemetryConfig {
+            trace_dir: Some(PathBuf::from(TRACE_DIR)),
+            ..config
+        },
+        Err(error) => {
+            eprintln!("keel chat: telemetry disabled: {error}");
+            return None;
+        }
+    };
+    match TelemetrySink::new(&config) {
+        Ok(sink) => Some(Arc::new(sink)),
+        Err(error) => {
+            eprintln!("keel chat: telemetry disabled: {error}");
+            None
+        }
+    }
+}
+
+/// Forwards events to the telemetry sink (non-blocking).
+struct TraceObserver(Arc<TelemetrySink>);
+
+impl RunObserver for TraceObserver {
+    fn on_event(&self, event: &keel_core::Event) {
+        self.0.record(event);
+    }
+}
+
+struct Session {
+    agent: Agent,
+    store: Arc<dyn EventStore>,
+    thread: Thread,
+    context: RunContext,
+    printer: Arc<ChatPrinter>,
+    telemetry: Option<Arc<TelemetrySink>>,
+    last_trace: Option<String>,
+    cost: SessionCost,
+}
+
+/// What the loop does after an entry.
+enum Next {
+    Continue,
+    Exit,
+}
+
+impl Session {
+    fn banner(&self) {
+        println!(
+            "keel chat · model {} · thread {} · /help for commands, Ctrl-D to exit",
+            self.agent.model().id(),
+            self.thread.id()
+        );
+    }
+
+    async fn repl(&mut self, input: &InputHandle) -> Result<u8, CliError> {
+        loop {
+            self.printer.end_line();
+            match input.read(Ask::Chat).await {
+                Input::Eof => return Ok(0),
+                Input::Interrupted => {}
+                Input::Line(line) if line.trim().is_empty() => {}
+                Input::Line(line) => {
+                    let next = match commands::parse(&line) {
+                        Some(command) => self.command(command).await,
+                        None => {
+                            self.turn(line).await;
+                            Next::Continue
+                        }
+                    };
+                    if let Next::Exit = next {
+                        return Ok(0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One turn: a run on the current thread, cancelled (only it) by Ctrl-C.
+    async fn turn(&mut self, text: String) {
+        let cancel = CancellationToken::new();
+        let context = self.context.clone().with_cancel(cancel.clone());
+        let outcome = {
+            let run = self
+                .agent
+                .run(vec![Message::user(text)], &mut self.thread, &context);
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    outcome = &mut run => break outcome,
+                    signal = tokio::signal::ctrl_c() => {
+                        if signal.is_err() {
+                            // No signal handling here: the turn can only run to its end.
+                            break run.await;
+                        }
+                        if !cancel.is_cancelled() {
+                            self.printer.line("^C cancelling this turn…");
+                            cancel.cancel();
+                        }
+                    }
+                }
+            }
+        };
+        self.printer.reset();
+        match outcome {
+            Ok(outcome) => self.record(&outcome),
+            Err(error) => {
+                let error = agents::run_error(error);
+                self.printer.line(&format!("error: {}", error.message));
+                // The stored log is the truth: reload so the next turn starts from it.
+                match Thread::load(self.store.as_ref(), self.thread.id()).await {
+                    Ok(thread) => self.thread = thread,
+                    Err(error) => self
+                        .printer
+                        .line(&format!("error: cannot reload the thread: {error}")),
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, outcome: &RunOutcome) {
+        self.cost.add(&outcome.usage, outcome.cost_usd);
+        if !outcome.trace_id.is_empty() {
+            self.last_trace = Some(outcome.trace_id.clone());
+        }
+        if let keel_runtime::RunStatus::AwaitingApproval { call_id, tool } = &outcome.status {
+            self.printer.line(&format!(
+                "[paused: {tool} call {call_id} awaits approval — `keel approve {} {call_id}`]",
+                outcome.thread_id
+            ));
+        }
+    }
+
+    async fn command(&mut self, command: Command) -> Next {
+        match command {
+            Command::Exit => return Next::Exit,
+            Command::Help => println!("{}", commands::help_text()),
+            Command::Unknown(entry) => {
+                println!("unknown command {entry}");
+                println!("{}", commands::help_text());
+            }
+            Command::New => {
+                self.thread = Thread::new();
+                println!("new thread {}", self.thread.id());
+            }
+            Command::Fork => self.fork().await,
+            Command::History => match self.store.load(self.thread.id()).await {
+                Ok(events) => print!("{}", commands::render_history(&events)),
+                Err(error) => println!("error: cannot load thread {}: {error}", self.thread.id()),
+            },
+            Command::Trace => self.trace().await,
+            Command::Cost => println!("{}", self.cost.render()),
+        }
+        Next::Continue
+    }
+
+    async fn fork(&mut self) {
+        let next_seq = self.thread.state().next_seq();
+        let Some(last) = next_seq.checked_sub(1) else {
+            println!("nothing to fork: thread {} has no events yet", self.thread.id());
+            return;
+        };
+        let from = self.thread.id().to_string();
+        match Thread::fork(self.store.as_ref(), &from, last).await {
+            Ok(forked) => {
+                self.thread = forked;
+                println!("forked {from} at event {last} → thread {}", self.thread.id());
+            }
+            Err(error) => println!("error: cannot fork {from}: {error}"),
+        }
+    }
+
+    async fn trace(&self) {
+        let Some(trace_id) = &self.last_trace else {
+            println!("no run yet in this session");
+            return;
+        };
+        let path = keel_telemetry::trace_file_path(std::path::Path::new(TRACE_DIR), trace_id);
+        match &self.telemetry {
+            Some(sink) => {
+                if let Err(error) = sink.flush().await {
+                    println!("warning: trace file may be incomplete: {error}");
+                }
+                println!("trace {trace_id}");
+                println!("file  {}", path.display());
+            }
+            None => {
+                println!("trace {trace_id}");
+                println!("(trace files are disabled in this session)");
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! `keel mcp list|serve`: the MCP servers declared in keel.toml, and Keel's own tools served
+//! over MCP stdio.
+
+use keel_mcp::{McpManager, McpServerConfig};
+
+use crate::CliError;
+
+/// `keel mcp` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum McpCommand {
+    /// Connect to every `[[mcp.servers]]` of keel.toml and show status and tools.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve Keel's built-in tools (and declared HTTP tools) as an MCP server over stdio.
+    Serve {
+        /// Only these tools (repeatable; default: all built-in tools).
+        #[arg(long = "tool", value_name = "NAME")]
+        tools: Vec<String>,
+    },
+}
+
+/// Runs `keel mcp list`.
+pub async fn list(servers: Vec<McpServerConfig>, json: bool) -> Result<u8, CliError> {
+    if servers.is_empty() {
+        eprintln!("keel: no [[mcp.servers]] declared in keel.toml (see docs/mcp.md)");
+    }
+    let manager = McpManager::connect_all(servers).await;
+    let statuses = manager.statuses();
+    manager.shutdown().await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&statuses).unwrap_or_default());
+    } else {
+        for status in &statuses {
+            println!(
+                "{} ({}) {:?}{}{}",
+                status.name,
+                status.transport,
+                status.state,
+                status.protocol_version.as_deref().map(|v| format!(" protocol {v}")).unwrap_or_default(),
+                status.error.as_deref().map(|e| format!(" — {e}")).unwrap_or_default()
+            );
+            for tool in &status.tools {
+                println!("  {tool}");
+            }
+            for skipped in &status.skipped_tools {
+                println!("  skipped: {skipped}");
+            }
+        }
+    }
+    let failed = statuses.iter().filter(|s| s.error.is_some() && s.tools.is_empty()).count();
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+/// Runs `keel mcp serve` over stdio until the client disconnects.
+pub async fn serve(registry: keel_core::ToolRegistry, tools: &[String]) -> Result<u8, CliError> {
+    let registry = if tools.is_empty() {
+        registry
+    } else {
+        registry.subset(tools.iter().map(String::as_str)).map_err(|unknown| {
+            CliError::usage(format!("unknown tool(s) {}; see `keel tools list`", unknown.join(", ")))
+        })?
+    };
+    keel_mcp::serve_stdio(registry).await.map_err(|e| CliError::failure(format!("mcp serve: {e}")))?;
+    Ok(0)
+}
