@@ -91,6 +91,16 @@ pub struct AgentArgs {
     /// Without a terminal on stdin, a call needing approval pauses the run (exit 10).
     #[arg(long, value_enum, default_value_t = ApproveFlag::Auto)]
     pub approve: ApproveFlag,
+    /// An agent file (instructions, declared HTTP tools, budget, critic), e.g.
+    /// agents/detective/agent.toml. See docs/detective.md.
+    #[arg(long, value_name = "FILE")]
+    pub agent: Option<PathBuf>,
+    /// How the context is kept within the window: truncate (default), summarize, importance.
+    #[arg(long, value_name = "STRATEGY")]
+    pub context_strategy: Option<String>,
+    /// Override the model's context window, in tokens.
+    #[arg(long, value_name = "TOKENS")]
+    pub context_window: Option<u32>,
 }
 
 /// The agent flags as data (the payload of `keel submit`).
@@ -117,6 +127,15 @@ pub struct AgentSpec {
     /// `--approve`.
     #[serde(default)]
     pub approve: ApproveFlag,
+    /// `--agent`, made absolute.
+    #[serde(default)]
+    pub agent: Option<PathBuf>,
+    /// `--context-strategy`.
+    #[serde(default)]
+    pub context_strategy: Option<String>,
+    /// `--context-window`.
+    #[serde(default)]
+    pub context_window: Option<u32>,
 }
 
 impl AgentArgs {
@@ -137,6 +156,15 @@ impl AgentArgs {
             max_turns: self.max_turns,
             instructions: self.instructions.clone(),
             approve: self.approve,
+            agent: match &self.agent {
+                Some(path) => Some(
+                    std::path::absolute(path)
+                        .map_err(|e| CliError::usage(format!("--agent {}: {e}", path.display())))?,
+                ),
+                None => None,
+            },
+            context_strategy: self.context_strategy.clone(),
+            context_window: self.context_window,
         })
     }
 }
@@ -153,37 +181,80 @@ impl AgentSpec {
     /// Builds the agent. `consumed_steps` is how many model answers the run being resumed
     /// already has: a script continues at that step (0 for a new run).
     pub fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
+        let config = crate::config::get();
+        let agent_file = match &self.agent {
+            Some(path) => {
+                let mut file = keel_detective::AgentFile::load(path)
+                    .map_err(|e| CliError::usage(format!("--agent {}: {e}", path.display())))?;
+                if let Some(turns) = self.max_turns {
+                    file.budget.max_turns = Some(turns);
+                }
+                if let Some(instructions) = &self.instructions {
+                    file.instructions.clone_from(instructions);
+                }
+                file.builtin_tools.extend(self.tools.iter().cloned());
+                Some(file)
+            }
+            None => None,
+        };
         let (model, scripted): (Arc<dyn Model>, Option<Arc<ScriptedModel>>) = match &self.script {
             Some(path) => {
                 let (model, scripted) = scripted_from(path, consumed_steps)?;
                 (model, Some(scripted))
             }
             None => {
+                let spec = self
+                    .model
+                    .clone()
+                    .or_else(|| agent_file.as_ref().and_then(|f| f.model.clone()))
+                    .or_else(|| config.defaults.model.clone())
+                    .unwrap_or_else(models::default_model_spec);
                 let selected = models::select(&ModelArgs {
-                    model: self.model.clone(),
+                    model: Some(spec),
                     base_url: self.base_url.clone(),
                     script: None,
                 })?;
                 (selected.model, selected.scripted)
             }
         };
-        let tools = select_tools(&self.tools)?;
-        let mut budget = Budget::default();
-        if let Some(turns) = self.max_turns {
-            if turns == 0 {
-                return Err(CliError::usage("--max-turns must be at least 1"));
-            }
-            budget.max_turns = Some(turns);
+        if self.max_turns == Some(0) {
+            return Err(CliError::usage("--max-turns must be at least 1"));
         }
-        let agent = Agent::builder("keel", model)
-            .instructions(self.instructions.clone().unwrap_or_else(|| {
-                "You are a helpful assistant. Use the tools when they help; answer concisely."
-                    .into()
-            }))
-            .tools(tools)
-            .budget(budget)
-            .build();
-        Ok(Built { agent, scripted })
+        let mut builder = match &agent_file {
+            Some(file) => {
+                let env = |name: &str| std::env::var(name).ok();
+                keel_detective::agent_file::agent_builder(file, model, &env)
+                    .map_err(|e| CliError::usage(format!("agent file: {e}")))?
+            }
+            None => {
+                let tools = select_tools(&self.tools)?;
+                let mut budget = Budget::default();
+                if let Some(turns) = self.max_turns {
+                    budget.max_turns = Some(turns);
+                }
+                Agent::builder("keel", model)
+                    .instructions(self.instructions.clone().unwrap_or_else(|| {
+                        "You are a helpful assistant. Use the tools when they help; answer concisely."
+                            .into()
+                    }))
+                    .tools(tools)
+                    .budget(budget)
+            }
+        };
+        builder = builder.policy(config.policies.clone());
+        if let Some(strategy) = &self.context_strategy {
+            let kind = strategy
+                .parse::<keel_core::context::StrategyKind>()
+                .map_err(|e| CliError::usage(format!("--context-strategy: {e}")))?;
+            builder = builder.context_strategy(kind);
+        }
+        if let Some(window) = self.context_window {
+            if window < 256 {
+                return Err(CliError::usage("--context-window must be at least 256 tokens"));
+            }
+            builder = builder.context_window(window);
+        }
+        Ok(Built { agent: builder.build(), scripted })
     }
 
     /// The run context: the store, a live printer in text mode, the approval mode, an
@@ -202,6 +273,9 @@ impl AgentSpec {
         if output == OutputFormat::Text {
             context = context.with_observer(Arc::new(TextPrinter));
         }
+        if let Some(telemetry) = crate::config::telemetry_observer() {
+            context = context.with_observer(telemetry);
+        }
         if interactive && std::io::stdin().is_terminal() {
             context = context.with_approvals(Arc::new(TerminalPrompt));
         }
@@ -217,6 +291,10 @@ pub fn select_tools(names: &[String]) -> Result<ToolRegistry, CliError> {
     if test_tools::enabled() {
         test_tools::register(&mut catalog).map_err(|e| CliError::failure(e.to_string()))?;
     }
+    let declared = crate::tools::register_configured(&mut catalog)?;
+    // Tools declared in keel.toml (HTTP tools, MCP servers) are available without flags;
+    // `--tool` selects among everything.
+    let names: Vec<String> = if names.is_empty() { declared } else { names.to_vec() };
     catalog
         .subset(names.iter().map(String::as_str))
         .map_err(|unknown| {

@@ -197,8 +197,16 @@ async fn drive_job(shared: &Shared, lease: Lease) {
                 eprintln!("job {job} thread {thread_id}: {status}, but completing failed: {e}")
             }
         },
-        Some(Err(message)) => {
+        Some(Err(JobFailure::Permanent(message))) => {
+            // Retrying cannot help (bad payload, unknown tool, unreadable script).
+            eprintln!("job {job} thread {thread_id}: {message}; dropping the job");
+            if let Err(e) = shared.queue.complete(&lease).await {
+                eprintln!("job {job}: completing failed: {e}");
+            }
+        }
+        Some(Err(JobFailure::Transient(message))) => {
             eprintln!("job {job} thread {thread_id}: {message}; giving the job back");
+            tokio::time::sleep(shared.poll).await;
             if let Err(e) = shared.queue.release(&lease).await {
                 eprintln!("job {job}: release failed: {e}");
             }
@@ -239,18 +247,27 @@ async fn renew_loop(
     }
 }
 
+/// Why a job could not be driven.
+enum JobFailure {
+    /// Retrying cannot help: the job is dropped.
+    Permanent(String),
+    /// The store failed or another process drives the thread: the job goes back.
+    Transient(String),
+}
+
 /// Starts or resumes the job's run; returns a one-line status.
 async fn drive(
     store: Arc<dyn EventStore>,
     thread_id: &str,
     payload: serde_json::Value,
-) -> Result<String, String> {
+) -> Result<String, JobFailure> {
+    use JobFailure::{Permanent, Transient};
     let job: JobPayload =
-        serde_json::from_value(payload).map_err(|e| format!("bad job payload: {e}"))?;
+        serde_json::from_value(payload).map_err(|e| Permanent(format!("bad job payload: {e}")))?;
     let events = store
         .load(thread_id)
         .await
-        .map_err(|e| format!("cannot load thread: {e}"))?;
+        .map_err(|e| Transient(format!("cannot load thread: {e}")))?;
     let state = RunState::from_events(thread_id, &events);
     let started_here = events
         .iter()
@@ -260,14 +277,14 @@ async fn drive(
         .with_approval_mode(job.agent.approve.mode());
     let mut thread = Thread::load(store.as_ref(), thread_id)
         .await
-        .map_err(|e| format!("cannot load thread: {e}"))?;
+        .map_err(|e| Transient(format!("cannot load thread: {e}")))?;
     let resumed = state.run_in_progress();
     let outcome = match state.run() {
         Some(run) if resumed => {
             let built = job
                 .agent
                 .build(agents::consumed_steps(&events, &run.run_id))
-                .map_err(|e| e.message)?;
+                .map_err(|e| Permanent(e.message))?;
             built.agent.resume(&mut thread, &context).await
         }
         Some(run) if started_here => {
@@ -277,7 +294,7 @@ async fn drive(
             ));
         }
         _ => {
-            let built = job.agent.build(0).map_err(|e| e.message)?;
+            let built = job.agent.build(0).map_err(|e| Permanent(e.message))?;
             built
                 .agent
                 .run(
@@ -288,7 +305,7 @@ async fn drive(
                 .await
         }
     };
-    let outcome = outcome.map_err(|e| agents::run_error(e).message)?;
+    let outcome = outcome.map_err(|e| Transient(agents::run_error(e).message))?;
     let how = if resumed {
         " (resumed an interrupted run)"
     } else {

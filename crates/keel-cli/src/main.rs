@@ -5,15 +5,24 @@
 //! 10 awaiting approval, 130 cancelled.
 
 mod agents;
+mod cmd_config;
+mod cmd_detective;
+mod cmd_mcp;
 mod cmd_mock_llm;
+mod cmd_models;
 mod cmd_resume;
 mod cmd_run;
+mod cmd_stats;
 mod cmd_threads;
 mod cmd_tools;
+mod cmd_trace;
 mod cmd_worker;
+mod config;
 mod models;
 mod output;
+mod telemetry;
 mod test_tools;
+mod tools;
 
 use std::process::ExitCode;
 
@@ -26,6 +35,9 @@ pub const EXIT_USAGE: u8 = 2;
 #[derive(Debug, Parser)]
 #[command(name = "keel", version, about, propagate_version = true)]
 struct Cli {
+    /// The configuration file (default: ./keel.toml when it exists). See docs/configuration.md.
+    #[arg(long, global = true, value_name = "FILE", env = "KEEL_CONFIG")]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,6 +72,33 @@ enum Command {
     /// Serve a scripted mock LLM on 127.0.0.1 speaking the Anthropic, OpenAI Chat, OpenAI
     /// Responses and Ollama protocols (see docs/mock-llm.md).
     MockLlm(cmd_mock_llm::MockLlmArgs),
+    /// Show recorded run traces (timelines of spans, tokens, cost, tool outcomes).
+    Trace {
+        #[command(subcommand)]
+        command: cmd_trace::TraceCommand,
+    },
+    /// Metrics over the runs in the store (summary or Prometheus text).
+    Stats(cmd_stats::StatsArgs),
+    /// MCP: list the servers of keel.toml, or serve Keel's tools over MCP stdio.
+    Mcp {
+        #[command(subcommand)]
+        command: cmd_mcp::McpCommand,
+    },
+    /// Embedded local models: pull and list.
+    Models {
+        #[command(subcommand)]
+        command: cmd_models::ModelsCommand,
+    },
+    /// Check keel.toml.
+    Config {
+        #[command(subcommand)]
+        command: cmd_config::ConfigCommand,
+    },
+    /// The Detective reference agent's release service.
+    Detective {
+        #[command(subcommand)]
+        command: cmd_detective::DetectiveCommand,
+    },
 }
 
 /// A failure that maps to an exit code.
@@ -108,8 +147,17 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let config_path = cli.config.clone();
+    // `keel config check` reports problems itself; everything else needs a valid config.
+    if !matches!(cli.command, Command::Config { .. })
+        && let Err(error) = config::init(config_path.as_deref())
+    {
+        eprintln!("keel: {}", error.message);
+        return ExitCode::from(error.code);
+    }
+    let _log_guard = start_logging(&cli.command);
     let result = runtime.block_on(async move {
-        match cli.command {
+        let result = match cli.command {
             Command::Run(args) => cmd_run::run(args).await,
             Command::Resume(args) => cmd_resume::resume(args).await,
             Command::Approve(args) => cmd_resume::decide(args, true).await,
@@ -120,7 +168,24 @@ fn main() -> ExitCode {
             Command::Worker(args) => cmd_worker::worker(args).await,
             Command::Tools { command } => cmd_tools::run(command),
             Command::MockLlm(args) => cmd_mock_llm::run(args).await,
-        }
+            Command::Trace { command } => cmd_trace::run(command),
+            Command::Stats(args) => cmd_stats::run(args).await,
+            Command::Mcp { command: cmd_mcp::McpCommand::List { json } } => {
+                cmd_mcp::list(config::get().mcp.servers.clone(), json).await
+            }
+            Command::Mcp { command: cmd_mcp::McpCommand::Serve { tools } } => {
+                let mut registry = keel_tools::builtin_registry()
+                    .map_err(|e| CliError::failure(e.to_string()))?;
+                let _ = crate::tools::register_configured(&mut registry)?;
+                cmd_mcp::serve(registry, &tools).await
+            }
+            Command::Models { command } => cmd_models::run(command).await,
+            Command::Config { command } => cmd_config::run(command, config_path.as_deref()),
+            Command::Detective { command } => cmd_detective::run(command).await,
+        };
+        config::shutdown().await;
+        tools::shutdown().await;
+        result
     });
     match result {
         Ok(code) => ExitCode::from(code),
@@ -129,4 +194,18 @@ fn main() -> ExitCode {
             ExitCode::from(error.code)
         }
     }
+}
+
+/// Logs from `[telemetry.log]` (or RUST_LOG): human lines on stderr, JSON to a rolling file.
+/// Chatty dependencies are capped at `warn` unless RUST_LOG says otherwise. `mcp serve`
+/// speaks JSON-RPC on stdout, so it never logs to the console.
+fn start_logging(command: &Command) -> Option<keel_telemetry::LogGuard> {
+    let mut telemetry = config::get().telemetry.clone();
+    if telemetry.log.level == "info" {
+        telemetry.log.level = "warn,keel=info".into();
+    }
+    if matches!(command, Command::Mcp { .. } | Command::Config { .. }) {
+        telemetry.log.console = false;
+    }
+    keel_telemetry::init_logging(&telemetry).ok()
 }

@@ -41,6 +41,12 @@ pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
         });
     }
     match &args.model {
+        Some(spec) if spec.starts_with("local:") => {
+            let name = spec.trim_start_matches("local:");
+            let model = keel_local::LocalModel::load_spec(name, keel_local::LocalModelOptions::default())
+                .map_err(|e| CliError::usage(format!("--model {spec}: {e}")))?;
+            Ok(Selected { model: Arc::new(model), scripted: None })
+        }
         Some(spec) => {
             let options = keel_providers::ProviderOptions {
                 base_url: args.base_url.clone(),
@@ -52,4 +58,25 @@ pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
         }
         None => Err(CliError::usage("no model: pass --model PROVIDER:MODEL or --script FILE")),
     }
+}
+
+/// The model used when neither `--model`, an agent file nor keel.toml names one: a hosted
+/// model when its API key is in the environment, else the embedded local model — with one
+/// line saying so and how to switch.
+pub fn default_model_spec() -> String {
+    let hosted = [
+        ("ANTHROPIC_API_KEY", "anthropic:claude-sonnet-4-5"),
+        ("OPENAI_API_KEY", "openai:gpt-4o-mini"),
+        ("OPENROUTER_API_KEY", "openrouter:openai/gpt-4o-mini"),
+    ];
+    for (variable, spec) in hosted {
+        if std::env::var(variable).is_ok_and(|v| !v.trim().is_empty()) {
+            return spec.to_string();
+        }
+    }
+    eprintln!(
+        "keel: no model configured and no API key set; using the embedded local model local:smollm2 \
+         (set ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENROUTER_API_KEY, or pass --model PROVIDER:MODEL, to use a hosted model)"
+    );
+    format!("local:{}", keel_local::models::DEFAULT_MODEL)
 }

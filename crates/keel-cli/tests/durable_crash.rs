@@ -1,9 +1,9 @@
 //! Crash test: a child `keel run` on a SQLite store is killed with SIGKILL at seeded random
-//! points (during model calls, tool calls, between events) 70 times; `keel resume` (itself
-//! sometimes killed too) then finishes every run. Asserts: seq contiguous, exactly one
-//! RunStarted/RunEnded per run (at least 50 children killed mid-run), every tool call requested and answered exactly once, no
-//! duplicated model answer, and the mutating `test_append` tool (enabled by
-//! `KEEL_TEST_TOOLS=1`) never executed twice.
+//! points (during model calls, tool calls, between events) 80 times — at least 50 after
+//! their first event — and `keel resume` (itself sometimes killed too) then finishes every
+//! run. Asserts: seq contiguous, exactly one RunStarted/RunEnded per run, every tool call
+//! requested and answered exactly once, no duplicated model answer, and the mutating
+//! `test_append` tool (enabled by `KEEL_TEST_TOOLS=1`) never executed twice.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const RUNS: usize = 70;
+const RUNS: usize = 80;
 const SEED: u64 = 0x5eed_cafe_f00d_0001;
 
 /// xorshift64*: a tiny seeded generator so kill times are reproducible.
@@ -124,7 +124,9 @@ fn killed_runs_resume_without_duplicates_or_losses() {
         let kill_at = Duration::from_millis(rng.below(300));
         if run_and_kill(keel(root, &arg_refs), kill_at) {
             killed += 1;
-            *phases.entry(phase_at_kill(root, &store, &thread)).or_insert(0) += 1;
+            *phases
+                .entry(phase_at_kill(root, &store, &thread))
+                .or_insert(0) += 1;
         }
         let mut resume: Vec<String> = vec!["resume".into(), thread.clone()];
         resume.extend(flags.clone());
@@ -164,16 +166,20 @@ fn killed_runs_resume_without_duplicates_or_losses() {
         assert_eq!(json["final_text"], "All done: 42.", "{thread}: {json}");
         check_thread(root, &store, &thread);
     }
+    let before_start = phases.get("before the first event").copied().unwrap_or(0);
     assert!(
-        killed >= 50,
-        "only {killed} of {RUNS} children were killed mid-run"
+        killed - before_start >= 50,
+        "only {} of {RUNS} children were killed after their first event",
+        killed - before_start
     );
     check_appends(root);
     eprintln!(
         "{RUNS} runs, {killed} killed mid-run ({phases:?}), in {:?}",
         started.elapsed()
     );
-    for phase in ["model call", "tool call", "between events"] {
+    // Kills between events (after a step's append, before the next) land in sub-millisecond
+    // windows and are counted but not required; the wide windows must be hit.
+    for phase in ["model call", "tool call"] {
         assert!(
             phases.get(phase).copied().unwrap_or(0) >= 3,
             "too few kills landed during a {phase}: {phases:?}"
@@ -187,7 +193,9 @@ fn killed_runs_resume_without_duplicates_or_losses() {
 fn phase_at_kill(root: &Path, store: &str, thread: &str) -> &'static str {
     let out = output(keel(
         root,
-        &["threads", "show", thread, "--store", store, "--output", "json"],
+        &[
+            "threads", "show", thread, "--store", store, "--output", "json",
+        ],
     ));
     if !out.status.success() {
         return "before the first event";

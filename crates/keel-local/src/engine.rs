@@ -243,7 +243,11 @@ pub(crate) fn spawn(job: Job) -> mpsc::Receiver<Result<StreamEvent, ModelError>>
             let tx = tx.clone();
             move || {
                 let _guard = guard;
-                if let Err(error) = run(job, &tx) {
+                // A panic inside llama-cpp-2 must end the stream with an error, not silently.
+                let result =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job, &tx)))
+                        .unwrap_or_else(|_| Err(other("the local generation thread panicked")));
+                if let Err(error) = result {
                     let _ = tx.blocking_send(Err(error));
                 }
             }
@@ -472,16 +476,13 @@ fn generate(engine: &Engine, job: &Job, tx: &Sender) -> Result<Result<(), Cancel
         return Ok(Err(Cancelled));
     }
     let decode_secs = decode_started.elapsed().as_secs_f64();
-    if std::env::var_os("KEEL_LOCAL_TIMINGS").is_some() {
-        eprintln!(
-            "keel-local: grammar {grammar_ms} ms, prompt {n_prompt} tokens {prompt_ms} ms, \
-             {n_gen} tokens in {decode_secs:.2} s (mask {mask_time:?}, eval {eval_time:?})"
-        );
-    }
     tracing::debug!(
         prompt_tokens = n_prompt,
         prompt_ms = prompt_ms as u64,
         output_tokens = n_gen,
+        grammar_ms = grammar_ms as u64,
+        mask_ms = mask_time.as_millis() as u64,
+        eval_ms = eval_time.as_millis() as u64,
         tokens_per_second = if decode_secs > 0.0 {
             f64::from(n_gen) / decode_secs
         } else {

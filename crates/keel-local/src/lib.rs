@@ -133,7 +133,9 @@ impl LocalModel {
 
     /// Whether [`LocalModelOptions::eager_tools`] is in effect for this model.
     pub fn eager_tools(&self) -> bool {
-        self.options.eager_tools.unwrap_or(self.engine.n_params < 1_000_000_000)
+        self.options
+            .eager_tools
+            .unwrap_or(self.engine.n_params < 1_000_000_000)
     }
 
     /// The request as this model runs it. With eager tools and `Auto`: `Required` while
@@ -142,7 +144,9 @@ impl LocalModel {
         static REQUIRED: ToolChoice = ToolChoice::Required;
         static NONE: ToolChoice = ToolChoice::None;
         let mut request = *request;
-        if !self.eager_tools() || request.tools.is_empty() || *request.tool_choice != ToolChoice::Auto
+        if !self.eager_tools()
+            || request.tools.is_empty()
+            || *request.tool_choice != ToolChoice::Auto
         {
             return request;
         }

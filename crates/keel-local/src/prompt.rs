@@ -123,7 +123,10 @@ fn render_message(message: &Message) -> String {
                 ));
             }
             Part::ToolResult(result) => {
-                results.push(format!("The {} tool returned: {}", result.name, result.content));
+                results.push(format!(
+                    "The {} tool returned: {}",
+                    result.name, result.content
+                ));
             }
             Part::ProviderItem { .. } => {}
         }
@@ -176,7 +179,11 @@ mod tests {
         let turns = render(&request);
         assert_eq!(turns.len(), 3);
         assert!(turns[0].content.starts_with("Be brief.\n\n"));
-        assert!(turns[0].content.contains("You have access to the following tools"));
+        assert!(
+            turns[0]
+                .content
+                .contains("You have access to the following tools")
+        );
         assert!(turns[0].content.contains("\"name\":\"calculator\""));
         assert_eq!(
             turns[2].content,

@@ -126,7 +126,11 @@ async fn calculator_question_makes_a_schema_valid_call_then_answers() {
     request.tools = &tools;
     request.max_output_tokens = Some(128);
     let (answer, _) = common::collect(&model, request).await;
-    eprintln!("call: {} -> {value}; answer: {:?}", call.arguments, answer.message.text());
+    eprintln!(
+        "call: {} -> {value}; answer: {:?}",
+        call.arguments,
+        answer.message.text()
+    );
     assert_eq!(
         answer.message.tool_calls().count(),
         0,

@@ -29,7 +29,10 @@ pub enum Command {
 /// The commands and what they do, for `/help`.
 pub const HELP: &[(&str, &str)] = &[
     ("/new", "start a new thread"),
-    ("/fork", "fork the current thread at its last event and switch to the fork"),
+    (
+        "/fork",
+        "fork the current thread at its last event and switch to the fork",
+    ),
     ("/history", "print the conversation of the current thread"),
     ("/trace", "print the last run's trace id and trace file"),
     ("/cost", "print the tokens and cost of this session"),
@@ -99,10 +102,8 @@ pub fn render_history(events: &[Event]) -> String {
             EventKind::UserAnswered { answer } => {
                 out.push_str(&format!("you (answer)> {answer}\n"));
             }
-            EventKind::RunEnded { end_state, .. } => {
-                if *end_state != keel_core::EndState::Done {
-                    out.push_str(&format!("  [{end_state}]\n"));
-                }
+            EventKind::RunEnded { end_state, .. } if *end_state != keel_core::EndState::Done => {
+                out.push_str(&format!("  [{end_state}]\n"));
             }
             _ => {}
         }

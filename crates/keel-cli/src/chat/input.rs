@@ -76,7 +76,9 @@ impl InputHandle {
 }
 
 fn input_thread(history: &std::path::Path, requests: &mpsc::Receiver<Request>) {
-    let mut editors = std::io::stdin().is_terminal().then(|| Editors::new(history));
+    let mut editors = std::io::stdin()
+        .is_terminal()
+        .then(|| Editors::new(history));
     let mut stdin = std::io::stdin().lock();
     while let Ok(request) = requests.recv() {
         let input = match editors.as_mut() {
@@ -143,17 +145,23 @@ fn read_plain(stdin: &mut impl BufRead, ask: &Ask) -> Input {
     loop {
         let mut line = String::new();
         match stdin.read_line(&mut line) {
-            Ok(0) | Err(_) if entry.is_empty() => return Input::Eof,
+            Ok(0) | Err(_) if entry.is_empty() => {
+                println!();
+                return Input::Eof;
+            }
             Ok(0) | Err(_) => return Input::Line(join_continuations(&entry)),
             Ok(_) => {}
         }
         let line = line.trim_end_matches(['\n', '\r']);
+        // Echo the entry so a transcript reads like the terminal session.
+        println!("{line}");
         entry.push_str(line);
         if !ends_with_continuation(line) {
-            println!();
             return Input::Line(join_continuations(&entry));
         }
         entry.push('\n');
+        print!("...> ");
+        let _ = std::io::stdout().flush();
     }
 }
 
@@ -198,7 +206,9 @@ struct ChatPrompt {
 
 impl ChatPrompt {
     fn chat() -> Self {
-        Self { left: "you> ".into() }
+        Self {
+            left: "you> ".into(),
+        }
     }
 
     fn question(text: &str) -> Self {
@@ -223,10 +233,7 @@ impl Prompt for ChatPrompt {
         Cow::Borrowed("...> ")
     }
 
-    fn render_prompt_history_search_indicator(
-        &self,
-        search: PromptHistorySearch,
-    ) -> Cow<'_, str> {
+    fn render_prompt_history_search_indicator(&self, search: PromptHistorySearch) -> Cow<'_, str> {
         let prefix = match search.status {
             PromptHistorySearchStatus::Passing => "",
             PromptHistorySearchStatus::Failing => "failing ",
@@ -250,7 +257,10 @@ mod tests {
     #[test]
     fn plain_reading_handles_continuations_and_eof() {
         let mut input = std::io::Cursor::new("a \\\nb\nc\n");
-        assert_eq!(read_plain(&mut input, &Ask::Chat), Input::Line("a \nb".into()));
+        assert_eq!(
+            read_plain(&mut input, &Ask::Chat),
+            Input::Line("a \nb".into())
+        );
         assert_eq!(read_plain(&mut input, &Ask::Chat), Input::Line("c".into()));
         assert_eq!(read_plain(&mut input, &Ask::Chat), Input::Eof);
     }

@@ -55,8 +55,14 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     let mut context = RunContext::new(store.clone())
         .with_approval_mode(spec.approve.mode())
         .with_observer(printer.clone())
-        .with_approvals(Arc::new(InlineApprovals::new(input.clone(), printer.clone())))
-        .with_user_input(Arc::new(InlineUserInput::new(input.clone(), printer.clone())));
+        .with_approvals(Arc::new(InlineApprovals::new(
+            input.clone(),
+            printer.clone(),
+        )))
+        .with_user_input(Arc::new(InlineUserInput::new(
+            input.clone(),
+            printer.clone(),
+        )));
     if let Some(sink) = &telemetry {
         context = context.with_observer(Arc::new(TraceObserver(sink.clone())));
     }
@@ -135,6 +141,13 @@ impl Session {
             self.agent.model().id(),
             self.thread.id()
         );
+        if self.thread.state().run_in_progress() {
+            println!(
+                "note: thread {id} has a run in progress (paused or interrupted); finish it with \
+                 `keel resume {id}` or start a new thread with /new",
+                id = self.thread.id()
+            );
+        }
     }
 
     async fn repl(&mut self, input: &InputHandle) -> Result<u8, CliError> {
@@ -178,7 +191,7 @@ impl Session {
                             break run.await;
                         }
                         if !cancel.is_cancelled() {
-                            self.printer.line("^C cancelling this turn…");
+                            self.printer.line("cancelling this turn…");
                             cancel.cancel();
                         }
                     }
@@ -241,14 +254,20 @@ impl Session {
     async fn fork(&mut self) {
         let next_seq = self.thread.state().next_seq();
         let Some(last) = next_seq.checked_sub(1) else {
-            println!("nothing to fork: thread {} has no events yet", self.thread.id());
+            println!(
+                "nothing to fork: thread {} has no events yet",
+                self.thread.id()
+            );
             return;
         };
         let from = self.thread.id().to_string();
         match Thread::fork(self.store.as_ref(), &from, last).await {
             Ok(forked) => {
                 self.thread = forked;
-                println!("forked {from} at event {last} → thread {}", self.thread.id());
+                println!(
+                    "forked {from} at event {last} → thread {}",
+                    self.thread.id()
+                );
             }
             Err(error) => println!("error: cannot fork {from}: {error}"),
         }

@@ -14,8 +14,10 @@ use keel_runtime::{ApprovalDecision, ApprovalHandler, RunObserver, UserInputSour
 
 use super::input::{Ask, Input, InputHandle};
 
-/// Longest tool argument or result text shown on one line.
+/// Longest tool argument text shown on one line.
 const SHOWN_CHARS: usize = 160;
+/// Longest tool result (or error message) preview.
+const RESULT_CHARS: usize = 72;
 
 #[derive(Default)]
 struct State {
@@ -56,7 +58,9 @@ impl ChatPrinter {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Prints a full line on stdout, after ending a streamed line and around the spinner.
@@ -172,13 +176,13 @@ impl RunObserver for ChatPrinter {
                         "← {} ok {} ms: {}",
                         result.name,
                         outcome.latency_ms,
-                        shorten(&result.content, SHOWN_CHARS)
+                        shorten(&result.content, RESULT_CHARS)
                     ),
                     ToolResultKind::Error { code, message, .. } => format!(
                         "← {} error {code} {} ms: {}",
                         result.name,
                         outcome.latency_ms,
-                        shorten(message, SHOWN_CHARS)
+                        shorten(message, RESULT_CHARS)
                     ),
                 };
                 Self::print_line(&mut state, &line);
@@ -197,8 +201,9 @@ impl RunObserver for ChatPrinter {
                 wait_ms,
                 ..
             } => {
-                let line =
-                    format!("  retry {scope} attempt {attempt} after {class}, waiting {wait_ms} ms");
+                let line = format!(
+                    "  retry {scope} attempt {attempt} after {class}, waiting {wait_ms} ms"
+                );
                 Self::print_line(&mut state, &line);
             }
             EventKind::ModelFailed { error, .. } => {

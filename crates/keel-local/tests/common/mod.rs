@@ -1,6 +1,14 @@
 //! Shared helpers for the keel-local integration tests: the default model (the tests fail,
 //! never skip, when it is missing) and stream collection.
 
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::path::PathBuf;
 
 use futures::StreamExt;
@@ -28,7 +36,9 @@ pub fn model(options: LocalModelOptions) -> LocalModel {
 /// Test options: deterministic, 2048-token context, `KEEL_LOCAL_THREADS` threads (default
 /// 1: on a busy 2-core machine two spinning llama.cpp threads are several times slower).
 pub fn options() -> LocalModelOptions {
-    let threads = std::env::var("KEEL_LOCAL_THREADS").ok().and_then(|v| v.parse().ok());
+    let threads = std::env::var("KEEL_LOCAL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     LocalModelOptions::default()
         .with_threads(threads.unwrap_or(1))
         .with_context_size(2048)
