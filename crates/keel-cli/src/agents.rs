@@ -37,10 +37,27 @@ pub struct StoreArgs {
 
 impl StoreArgs {
     /// Opens the store (event log and run queue).
+    ///
+    /// Several processes opening a new SQLite file at once race to create its schema; a
+    /// failed open is retried a few times before it is reported.
     pub async fn open(&self) -> Result<keel_store::OpenedStore, CliError> {
-        keel_store::open(&self.store)
-            .await
-            .map_err(|e| CliError::failure(format!("cannot open store {}: {e}", self.store)))
+        let mut attempt = 0u64;
+        loop {
+            match keel_store::open(&self.store).await {
+                Ok(opened) => return Ok(opened),
+                Err(e) if attempt < 4 && !self.store.starts_with("postgres") => {
+                    attempt += 1;
+                    tracing::debug!("opening store {} failed ({e}); retrying", self.store);
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                }
+                Err(e) => {
+                    return Err(CliError::failure(format!(
+                        "cannot open store {}: {e}",
+                        self.store
+                    )));
+                }
+            }
+        }
     }
 
     /// Opens the event log only.
