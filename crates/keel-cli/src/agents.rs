@@ -267,11 +267,16 @@ impl AgentSpec {
         }
         if let Some(window) = self.context_window {
             if window < 256 {
-                return Err(CliError::usage("--context-window must be at least 256 tokens"));
+                return Err(CliError::usage(
+                    "--context-window must be at least 256 tokens",
+                ));
             }
             builder = builder.context_window(window);
         }
-        Ok(Built { agent: builder.build(), scripted })
+        Ok(Built {
+            agent: builder.build(),
+            scripted,
+        })
     }
 
     /// The run context: the store, a live printer in text mode, the approval mode, an
@@ -311,7 +316,11 @@ pub fn select_tools(names: &[String]) -> Result<ToolRegistry, CliError> {
     let declared = crate::tools::register_configured(&mut catalog)?;
     // Tools declared in keel.toml (HTTP tools, MCP servers) are available without flags;
     // `--tool` selects among everything.
-    let names: Vec<String> = if names.is_empty() { declared } else { names.to_vec() };
+    let names: Vec<String> = if names.is_empty() {
+        declared
+    } else {
+        names.to_vec()
+    };
     catalog
         .subset(names.iter().map(String::as_str))
         .map_err(|unknown| {

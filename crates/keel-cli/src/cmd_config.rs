@@ -24,7 +24,12 @@ pub fn run(command: ConfigCommand, config: Option<&Path>) -> Result<u8, CliError
             if json {
                 println!("{}", keel_config::render_json(&diagnostics));
             } else if diagnostics.is_empty() {
-                println!("{}: ok", config.map(|p| p.display().to_string()).unwrap_or_else(|| "keel.toml".into()));
+                println!(
+                    "{}: ok",
+                    config
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "keel.toml".into())
+                );
             } else {
                 print!("{}", keel_config::render_text(&diagnostics));
             }

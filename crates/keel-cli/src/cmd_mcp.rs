@@ -31,7 +31,10 @@ pub async fn list(servers: Vec<McpServerConfig>, json: bool) -> Result<u8, CliEr
     let statuses = manager.statuses();
     manager.shutdown().await;
     if json {
-        println!("{}", serde_json::to_string_pretty(&statuses).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&statuses).unwrap_or_default()
+        );
     } else {
         for status in &statuses {
             println!(
@@ -39,8 +42,16 @@ pub async fn list(servers: Vec<McpServerConfig>, json: bool) -> Result<u8, CliEr
                 status.name,
                 status.transport,
                 status.state,
-                status.protocol_version.as_deref().map(|v| format!(" protocol {v}")).unwrap_or_default(),
-                status.error.as_deref().map(|e| format!(" — {e}")).unwrap_or_default()
+                status
+                    .protocol_version
+                    .as_deref()
+                    .map(|v| format!(" protocol {v}"))
+                    .unwrap_or_default(),
+                status
+                    .error
+                    .as_deref()
+                    .map(|e| format!(" — {e}"))
+                    .unwrap_or_default()
             );
             for tool in &status.tools {
                 println!("  {tool}");
@@ -50,7 +61,10 @@ pub async fn list(servers: Vec<McpServerConfig>, json: bool) -> Result<u8, CliEr
             }
         }
     }
-    let failed = statuses.iter().filter(|s| s.error.is_some() && s.tools.is_empty()).count();
+    let failed = statuses
+        .iter()
+        .filter(|s| s.error.is_some() && s.tools.is_empty())
+        .count();
     Ok(if failed > 0 { 1 } else { 0 })
 }
 
@@ -59,10 +73,17 @@ pub async fn serve(registry: keel_core::ToolRegistry, tools: &[String]) -> Resul
     let registry = if tools.is_empty() {
         registry
     } else {
-        registry.subset(tools.iter().map(String::as_str)).map_err(|unknown| {
-            CliError::usage(format!("unknown tool(s) {}; see `keel tools list`", unknown.join(", ")))
-        })?
+        registry
+            .subset(tools.iter().map(String::as_str))
+            .map_err(|unknown| {
+                CliError::usage(format!(
+                    "unknown tool(s) {}; see `keel tools list`",
+                    unknown.join(", ")
+                ))
+            })?
     };
-    keel_mcp::serve_stdio(registry).await.map_err(|e| CliError::failure(format!("mcp serve: {e}")))?;
+    keel_mcp::serve_stdio(registry)
+        .await
+        .map_err(|e| CliError::failure(format!("mcp serve: {e}")))?;
     Ok(0)
 }

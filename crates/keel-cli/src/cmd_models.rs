@@ -20,14 +20,19 @@ pub enum ModelsCommand {
 pub async fn run(command: ModelsCommand) -> Result<u8, CliError> {
     match command {
         ModelsCommand::Pull { name } => {
-            let path = keel_local::models::pull(&name).await.map_err(|e| CliError::failure(e.to_string()))?;
+            let path = keel_local::models::pull(&name)
+                .await
+                .map_err(|e| CliError::failure(e.to_string()))?;
             println!("{}", path.display());
             Ok(0)
         }
         ModelsCommand::List => {
-            let installed = keel_local::models::list().map_err(|e| CliError::failure(e.to_string()))?;
+            let installed =
+                keel_local::models::list().map_err(|e| CliError::failure(e.to_string()))?;
             for known in keel_local::models::known_models() {
-                let present = installed.iter().any(|m| m.name.as_deref() == Some(known.name));
+                let present = installed
+                    .iter()
+                    .any(|m| m.name.as_deref() == Some(known.name));
                 println!(
                     "{:<10} {:<11} {}",
                     known.name,
@@ -36,7 +41,12 @@ pub async fn run(command: ModelsCommand) -> Result<u8, CliError> {
                 );
             }
             for model in installed.iter().filter(|m| m.name.is_none()) {
-                println!("{:<10} {:<11} {}", "(file)", "installed", model.path.display());
+                println!(
+                    "{:<10} {:<11} {}",
+                    "(file)",
+                    "installed",
+                    model.path.display()
+                );
             }
             Ok(0)
         }

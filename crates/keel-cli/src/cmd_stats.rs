@@ -10,7 +10,12 @@ use crate::CliError;
 #[derive(Debug, clap::Args)]
 pub struct StatsArgs {
     /// The event store (default: `KEEL_STORE` or sqlite://.keel/keel.db).
-    #[arg(long, value_name = "URL", env = "KEEL_STORE", default_value = "sqlite://.keel/keel.db")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "KEEL_STORE",
+        default_value = "sqlite://.keel/keel.db"
+    )]
     pub store: String,
     /// Print Prometheus text exposition format instead of a summary.
     #[arg(long)]
@@ -25,13 +30,25 @@ pub async fn run(args: StatsArgs) -> Result<u8, CliError> {
     let store = keel_store::open_store(&args.store)
         .await
         .map_err(|e| CliError::usage(format!("--store {}: {e}", args.store)))?;
-    let filter = ThreadFilter { agent: args.agent.clone(), ..ThreadFilter::default() };
-    let threads = store.list_threads(&filter).await.map_err(|e| CliError::failure(e.to_string()))?;
+    let filter = ThreadFilter {
+        agent: args.agent.clone(),
+        ..ThreadFilter::default()
+    };
+    let threads = store
+        .list_threads(&filter)
+        .await
+        .map_err(|e| CliError::failure(e.to_string()))?;
     let mut events = Vec::new();
     for thread in &threads {
-        events.extend(store.load(&thread.thread_id).await.map_err(|e| CliError::failure(e.to_string()))?);
+        events.extend(
+            store
+                .load(&thread.thread_id)
+                .await
+                .map_err(|e| CliError::failure(e.to_string()))?,
+        );
     }
-    let report = keel_telemetry::compute_metrics(&events, &keel_telemetry::MetricsOptions::default());
+    let report =
+        keel_telemetry::compute_metrics(&events, &keel_telemetry::MetricsOptions::default());
     if args.prometheus {
         print!("{}", keel_telemetry::render_prometheus(&report));
     } else {

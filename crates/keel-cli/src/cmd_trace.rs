@@ -27,14 +27,18 @@ pub enum TraceCommand {
 pub fn run(command: TraceCommand) -> Result<u8, CliError> {
     match command {
         TraceCommand::List { dir } => {
-            let traces = keel_telemetry::list_traces(&dir)
-                .map_err(|e| CliError::failure(format!("cannot list traces in {}: {e}", dir.display())))?;
+            let traces = keel_telemetry::list_traces(&dir).map_err(|e| {
+                CliError::failure(format!("cannot list traces in {}: {e}", dir.display()))
+            })?;
             print!("{}", keel_telemetry::render_trace_list(&traces));
             Ok(0)
         }
         TraceCommand::Show { id, dir } => {
             let records = keel_telemetry::read_trace(&dir, &id).map_err(|e| {
-                CliError::usage(format!("trace {id} in {}: {e} (see `keel trace list`)", dir.display()))
+                CliError::usage(format!(
+                    "trace {id} in {}: {e} (see `keel trace list`)",
+                    dir.display()
+                ))
             })?;
             print!("{}", keel_telemetry::render_timeline(&records));
             Ok(0)

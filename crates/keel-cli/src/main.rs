@@ -5,6 +5,7 @@
 //! 10 awaiting approval, 130 cancelled.
 
 mod agents;
+mod chat;
 mod cmd_config;
 mod cmd_detective;
 mod cmd_mcp;
@@ -46,6 +47,9 @@ struct Cli {
 enum Command {
     /// Run an agent on a message and print what happens.
     Run(cmd_run::RunArgs),
+    /// Chat with an agent: streaming, tool calls, inline approvals, slash commands
+    /// (see docs/chat.md).
+    Chat(chat::ChatArgs),
     /// Continue a stored thread's run after a crash or a pause (same JSON as `run`).
     Resume(cmd_resume::ResumeArgs),
     /// Approve a call awaiting approval, then continue the run (unless --no-resume).
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let result = match cli.command {
             Command::Run(args) => cmd_run::run(args).await,
+            Command::Chat(args) => chat::run(args).await,
             Command::Resume(args) => cmd_resume::resume(args).await,
             Command::Approve(args) => cmd_resume::decide(args, true).await,
             Command::Deny(args) => cmd_resume::decide(args, false).await,
@@ -170,12 +175,14 @@ fn main() -> ExitCode {
             Command::MockLlm(args) => cmd_mock_llm::run(args).await,
             Command::Trace { command } => cmd_trace::run(command),
             Command::Stats(args) => cmd_stats::run(args).await,
-            Command::Mcp { command: cmd_mcp::McpCommand::List { json } } => {
-                cmd_mcp::list(config::get().mcp.servers.clone(), json).await
-            }
-            Command::Mcp { command: cmd_mcp::McpCommand::Serve { tools } } => {
-                let mut registry = keel_tools::builtin_registry()
-                    .map_err(|e| CliError::failure(e.to_string()))?;
+            Command::Mcp {
+                command: cmd_mcp::McpCommand::List { json },
+            } => cmd_mcp::list(config::get().mcp.servers.clone(), json).await,
+            Command::Mcp {
+                command: cmd_mcp::McpCommand::Serve { tools },
+            } => {
+                let mut registry =
+                    keel_tools::builtin_registry().map_err(|e| CliError::failure(e.to_string()))?;
                 let _ = crate::tools::register_configured(&mut registry)?;
                 cmd_mcp::serve(registry, &tools).await
             }

@@ -43,9 +43,13 @@ pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
     match &args.model {
         Some(spec) if spec.starts_with("local:") => {
             let name = spec.trim_start_matches("local:");
-            let model = keel_local::LocalModel::load_spec(name, keel_local::LocalModelOptions::default())
-                .map_err(|e| CliError::usage(format!("--model {spec}: {e}")))?;
-            Ok(Selected { model: Arc::new(model), scripted: None })
+            let model =
+                keel_local::LocalModel::load_spec(name, keel_local::LocalModelOptions::default())
+                    .map_err(|e| CliError::usage(format!("--model {spec}: {e}")))?;
+            Ok(Selected {
+                model: Arc::new(model),
+                scripted: None,
+            })
         }
         Some(spec) => {
             let options = keel_providers::ProviderOptions {
@@ -54,9 +58,14 @@ pub fn select(args: &ModelArgs) -> Result<Selected, CliError> {
             };
             let model = keel_providers::model_from_spec(spec, &options)
                 .map_err(|e| CliError::usage(format!("--model {spec}: {e}")))?;
-            Ok(Selected { model, scripted: None })
+            Ok(Selected {
+                model,
+                scripted: None,
+            })
         }
-        None => Err(CliError::usage("no model: pass --model PROVIDER:MODEL or --script FILE")),
+        None => Err(CliError::usage(
+            "no model: pass --model PROVIDER:MODEL or --script FILE",
+        )),
     }
 }
 

@@ -34,8 +34,11 @@ impl Telemetry {
         if config.trace_dir.is_none() {
             config.trace_dir = Some(".keel/traces".into());
         }
-        let sink = TelemetrySink::new(&config).map_err(|e| CliError::usage(format!("telemetry: {e}")))?;
-        Ok(Self { sink: Arc::new(sink) })
+        let sink =
+            TelemetrySink::new(&config).map_err(|e| CliError::usage(format!("telemetry: {e}")))?;
+        Ok(Self {
+            sink: Arc::new(sink),
+        })
     }
 
     /// The observer to add to the run context.

@@ -29,7 +29,10 @@ pub fn mcp_manager() -> Option<&'static McpManager> {
         if let Some(error) = &status.error
             && status.tools.is_empty()
         {
-            eprintln!("keel: MCP server `{}` is unavailable and was skipped: {error}", status.name);
+            eprintln!(
+                "keel: MCP server `{}` is unavailable and was skipped: {error}",
+                status.name
+            );
         }
     }
     Some(MCP.get_or_init(|| manager))

@@ -156,11 +156,15 @@ impl Tmux {
                 "-p",
                 "-t",
                 "chat",
-                "#{pane_dead} #{pane_dead_status}",
+                "#{pane_dead} status=#{pane_dead_status} signal=#{pane_dead_signal}",
             ]);
             let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if let Some(status) = text.strip_prefix("1 ") {
-                return status.parse().unwrap();
+            if let Some(rest) = text.strip_prefix("1 status=") {
+                let (status, signal) = rest.split_once(" signal=").unwrap();
+                assert!(signal.is_empty(), "keel chat was killed by signal {signal}");
+                if !status.is_empty() {
+                    return status.parse().unwrap();
+                }
             }
             if Instant::now() > deadline {
                 panic!(
@@ -264,9 +268,11 @@ fn chat_streams_shows_tools_cancels_a_slow_turn_and_continues() {
     tmux.wait_for("forked thr_");
     tmux.line("/bogus");
     tmux.wait_for("unknown command /bogus");
+    let history = std::fs::read_to_string(tmux.dir.path().join(".keel/chat_history"))
+        .expect("the history file .keel/chat_history");
     assert!(
-        tmux.dir.path().join(".keel/chat_history").is_file(),
-        "no history file"
+        history.contains("compute 17*23 please"),
+        "history file lacks an entry:\n{history}"
     );
 
     // (4) Ctrl-D ends the session with exit code 0.

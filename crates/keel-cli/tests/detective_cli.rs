@@ -1,6 +1,12 @@
 //! The Detective end to end through the real binary: `keel detective serve`, `keel mock-llm`
 //! and `keel run --agent agents/detective/agent.toml --model openai:mock --base-url …`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -9,7 +15,10 @@ use std::process::{Child, Command, Output, Stdio};
 use serde_json::Value;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 struct Server {
@@ -40,18 +49,49 @@ fn start(args: &[&str], cwd: &std::path::Path) -> Server {
     stdout.read_line(&mut line).unwrap();
     let url = line.trim().rsplit(' ').next().unwrap().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "banner: {line:?}");
-    Server { child, url, _stdout: stdout }
+    Server {
+        child,
+        url,
+        _stdout: stdout,
+    }
 }
 
 fn assess(script: &str, dir: &std::path::Path) -> (Output, Server, Server) {
-    let service = start(&["detective", "serve", "--port", "0", "--reports-dir", dir.join("reports").to_str().unwrap()], dir);
+    let service = start(
+        &[
+            "detective",
+            "serve",
+            "--port",
+            "0",
+            "--reports-dir",
+            dir.join("reports").to_str().unwrap(),
+        ],
+        dir,
+    );
     let script = root().join(script);
-    let mock = start(&["mock-llm", "--script", script.to_str().unwrap(), "--port", "0"], dir);
+    let mock = start(
+        &[
+            "mock-llm",
+            "--script",
+            script.to_str().unwrap(),
+            "--port",
+            "0",
+        ],
+        dir,
+    );
     let agent = root().join("agents/detective/agent.toml");
     let output = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args([
-            "run", "--agent", agent.to_str().unwrap(), "--model", "openai:mock", "--base-url", &mock.url,
-            "--output", "json", "Assess release v2.1.0",
+            "run",
+            "--agent",
+            agent.to_str().unwrap(),
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &mock.url,
+            "--output",
+            "json",
+            "Assess release v2.1.0",
         ])
         .current_dir(dir)
         .env("RELEASE_SERVICE_URL", &service.url)
@@ -65,8 +105,12 @@ fn assess(script: &str, dir: &std::path::Path) -> (Output, Server, Server) {
 fn reports(service: &Server) -> Vec<Value> {
     let url = format!("{}/risk-reports?release_id=v2.1.0", service.url);
     let output = Command::new("curl").args(["-sf", &url]).output().unwrap();
-    let body: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("GET {url}: {:?}", output));
-    body.get("reports").and_then(Value::as_array).cloned().unwrap_or_else(|| body.as_array().cloned().unwrap_or_default())
+    let body: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|_| panic!("GET {url}: {:?}", output));
+    body.get("reports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_else(|| body.as_array().cloned().unwrap_or_default())
 }
 
 #[test]
@@ -77,14 +121,25 @@ fn the_detective_files_a_report_with_the_scripted_severity() {
     let json: Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
     assert_eq!(json["end_state"], "done", "{json}");
-    let names: Vec<&str> = json["tool_calls"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"get_release_summary") && names.contains(&"get_test_details"), "{names:?}");
+    let names: Vec<&str> = json["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"get_release_summary") && names.contains(&"get_test_details"),
+        "{names:?}"
+    );
     assert!(names.contains(&"file_risk_report"));
     let filed = reports(&service);
     assert_eq!(filed.len(), 1, "{filed:?}");
     assert_eq!(filed[0]["severity"], "high");
     // The run's trace file was written.
-    let trace = dir.path().join(".keel/traces").join(format!("{}.jsonl", json["trace_id"].as_str().unwrap()));
+    let trace = dir
+        .path()
+        .join(".keel/traces")
+        .join(format!("{}.jsonl", json["trace_id"].as_str().unwrap()));
     assert!(trace.is_file(), "{}", trace.display());
 }
 
@@ -93,8 +148,15 @@ fn the_critic_rejects_an_answer_without_a_filed_report() {
     let dir = tempfile::tempdir().unwrap();
     let (output, service, _mock) = assess("examples/mock/detective_no_report.json", dir.path());
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let json: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let json: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_ne!(json["end_state"], "done", "{json}");
-    assert!(json["reason"].as_str().unwrap_or_default().contains("file_risk_report"), "{json}");
+    assert!(
+        json["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("file_risk_report"),
+        "{json}"
+    );
     assert!(reports(&service).is_empty());
 }

@@ -1,7 +1,13 @@
 //! `keel run --model PROVIDER:MODEL --base-url …` against `keel mock-llm`, for every
 //! provider: the real binary, the real wire protocols over loopback, a tool-using
 //! conversation that ends `done`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -10,7 +16,10 @@ use std::process::{Child, Command, Stdio};
 use serde_json::Value;
 
 fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 struct MockServer {
@@ -27,7 +36,13 @@ impl Drop for MockServer {
 
 fn start_mock() -> MockServer {
     let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["mock-llm", "--script", "examples/mock/calculator.json", "--port", "0"])
+        .args([
+            "mock-llm",
+            "--script",
+            "examples/mock/calculator.json",
+            "--port",
+            "0",
+        ])
         .current_dir(workspace_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -58,8 +73,18 @@ fn every_provider_completes_a_tool_using_conversation_against_the_mock() {
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_keel"))
             .args([
-                "run", "--model", model, "--base-url", &mock.base_url, "--tool", "calculator",
-                "--store", "memory:", "--output", "json", "what is 2*(3+4)?",
+                "run",
+                "--model",
+                model,
+                "--base-url",
+                &mock.base_url,
+                "--tool",
+                "calculator",
+                "--store",
+                "memory:",
+                "--output",
+                "json",
+                "what is 2*(3+4)?",
             ])
             .current_dir(workspace_root())
             .env("ANTHROPIC_API_KEY", "test-key")
@@ -70,14 +95,20 @@ fn every_provider_completes_a_tool_using_conversation_against_the_mock() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
         let json: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-            panic!("{model}: stdout is not JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr))
+            panic!(
+                "{model}: stdout is not JSON ({e}): {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
         });
         assert_eq!(json["end_state"], "done", "{model}: {json}");
         assert_eq!(output.status.code(), Some(0), "{model}");
         assert_eq!(json["tool_calls"][0]["name"], "calculator", "{model}");
         assert_eq!(json["tool_calls"][0]["ok"], true, "{model}");
         assert_eq!(json["final_text"], "2*(3+4) = 14", "{model}");
-        assert_eq!(json["usage"]["input_tokens"], 280, "{model}: usage is mapped");
+        assert_eq!(
+            json["usage"]["input_tokens"], 280,
+            "{model}: usage is mapped"
+        );
         assert_eq!(json["usage"]["output_tokens"], 29, "{model}");
     }
 }
@@ -85,7 +116,14 @@ fn every_provider_completes_a_tool_using_conversation_against_the_mock() {
 #[test]
 fn a_missing_api_key_fails_fast_naming_the_variable() {
     let output = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["run", "--model", "anthropic:claude-sonnet-4-5", "--store", "memory:", "hi"])
+        .args([
+            "run",
+            "--model",
+            "anthropic:claude-sonnet-4-5",
+            "--store",
+            "memory:",
+            "hi",
+        ])
         .current_dir(workspace_root())
         .env_remove("ANTHROPIC_API_KEY")
         .output()

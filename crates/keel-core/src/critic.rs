@@ -43,12 +43,20 @@ pub struct Verdict {
     pub known_gaps: Vec<String>,
     /// Recommended next step.
     pub next: CriticNext,
+    /// A tool the next model call must use to close the first gap, when one does.
+    #[serde(default)]
+    pub next_tool: Option<String>,
 }
 
 impl Verdict {
     /// A satisfied verdict.
     pub fn satisfied() -> Self {
-        Self { satisfied: true, known_gaps: Vec::new(), next: CriticNext::Continue }
+        Self {
+            satisfied: true,
+            known_gaps: Vec::new(),
+            next: CriticNext::Continue,
+            next_tool: None,
+        }
     }
 }
 
@@ -65,12 +73,15 @@ type Rule = Box<dyn Fn(&CriticInput<'_>) -> Option<String> + Send + Sync>;
 /// when it is not met. Observations are always accepted.
 #[derive(Default)]
 pub struct RuleCritic {
-    rules: Vec<Rule>,
+    /// Each rule with the tool that closes its gap, if one does.
+    rules: Vec<(Rule, Option<String>)>,
 }
 
 impl std::fmt::Debug for RuleCritic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RuleCritic").field("rules", &self.rules.len()).finish()
+        f.debug_struct("RuleCritic")
+            .field("rules", &self.rules.len())
+            .finish()
     }
 }
 
@@ -81,8 +92,22 @@ impl RuleCritic {
     }
 
     /// Adds a rule on the final answer.
-    pub fn rule(mut self, rule: impl Fn(&CriticInput<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.rules.push(Box::new(rule));
+    pub fn rule(
+        mut self,
+        rule: impl Fn(&CriticInput<'_>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.rules.push((Box::new(rule), None));
+        self
+    }
+
+    /// Adds a rule whose gap is closed by calling `tool`: when it fails, the next model
+    /// call is required to use that tool.
+    pub fn rule_for_tool(
+        mut self,
+        tool: &str,
+        rule: impl Fn(&CriticInput<'_>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.rules.push((Box::new(rule), Some(tool.to_string())));
         self
     }
 
@@ -91,7 +116,8 @@ impl RuleCritic {
     pub fn require_successful_call(self, tool: &str, required_args: &[&str]) -> Self {
         let tool = tool.to_string();
         let required: Vec<String> = required_args.iter().map(|s| s.to_string()).collect();
-        self.rule(move |input| {
+        let forced = tool.clone();
+        self.rule_for_tool(&forced, move |input| {
             let ok = successful_calls(input.messages, &tool).any(|args| {
                 required.iter().all(|field| match args.get(field) {
                     None | Some(Value::Null) => false,
@@ -104,7 +130,10 @@ impl RuleCritic {
                 if required.is_empty() {
                     format!("`{tool}` was never called successfully")
                 } else {
-                    format!("`{tool}` was never called successfully with non-empty {}", required.join(", "))
+                    format!(
+                        "`{tool}` was never called successfully with non-empty {}",
+                        required.join(", ")
+                    )
                 }
             })
         })
@@ -115,14 +144,19 @@ impl RuleCritic {
         let needle = needle.to_lowercase();
         let gap = gap.to_string();
         self.rule(move |input| match input.subject {
-            Subject::FinalAnswer(text) if !text.to_lowercase().contains(&needle) => Some(gap.clone()),
+            Subject::FinalAnswer(text) if !text.to_lowercase().contains(&needle) => {
+                Some(gap.clone())
+            }
             _ => None,
         })
     }
 }
 
 /// Arguments of every successful call of `tool` in the conversation.
-fn successful_calls<'m>(messages: &'m [Message], tool: &'m str) -> impl Iterator<Item = Value> + 'm {
+fn successful_calls<'m>(
+    messages: &'m [Message],
+    tool: &'m str,
+) -> impl Iterator<Item = Value> + 'm {
     let ok_ids: Vec<&str> = messages
         .iter()
         .flat_map(Message::tool_results)
@@ -143,11 +177,25 @@ impl Critic for RuleCritic {
         if matches!(input.subject, Subject::Observation(_)) {
             return Verdict::satisfied();
         }
-        let gaps: Vec<String> = self.rules.iter().filter_map(|rule| rule(&input)).collect();
+        let mut gaps = Vec::new();
+        let mut next_tool = None;
+        for (rule, tool) in &self.rules {
+            if let Some(gap) = rule(&input) {
+                if next_tool.is_none() {
+                    next_tool.clone_from(tool);
+                }
+                gaps.push(gap);
+            }
+        }
         if gaps.is_empty() {
             Verdict::satisfied()
         } else {
-            Verdict { satisfied: false, known_gaps: gaps, next: CriticNext::Continue }
+            Verdict {
+                satisfied: false,
+                known_gaps: gaps,
+                next: CriticNext::Continue,
+                next_tool,
+            }
         }
     }
 }
@@ -162,7 +210,9 @@ pub struct ModelCritic {
 
 impl std::fmt::Debug for ModelCritic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelCritic").field("model", &self.model.id()).finish()
+        f.debug_struct("ModelCritic")
+            .field("model", &self.model.id())
+            .finish()
     }
 }
 
@@ -183,7 +233,10 @@ pub fn verdict_schema() -> Value {
 impl ModelCritic {
     /// A critic asking `model`, with extra instructions (criteria).
     pub fn new(model: std::sync::Arc<dyn Model>, instructions: impl Into<String>) -> Self {
-        Self { model, instructions: instructions.into() }
+        Self {
+            model,
+            instructions: instructions.into(),
+        }
     }
 }
 
@@ -191,7 +244,9 @@ impl ModelCritic {
 impl Critic for ModelCritic {
     async fn assess(&self, input: CriticInput<'_>) -> Verdict {
         let subject = match input.subject {
-            Subject::Observation(result) => format!("Tool `{}` returned: {}", result.name, result.content),
+            Subject::Observation(result) => {
+                format!("Tool `{}` returned: {}", result.name, result.content)
+            }
             Subject::FinalAnswer(text) => format!("The agent's final answer: {text}"),
         };
         let prompt = Message {
@@ -205,7 +260,10 @@ impl Critic for ModelCritic {
         };
         let schema = verdict_schema();
         let messages = [prompt];
-        let system = format!("You are a strict critic of an agent's work. {}", self.instructions);
+        let system = format!(
+            "You are a strict critic of an agent's work. {}",
+            self.instructions
+        );
         let request = ModelRequest {
             system: Some(&system),
             response_schema: Some(&schema),
@@ -216,7 +274,8 @@ impl Critic for ModelCritic {
                 let text = response.message.text();
                 let start = text.find('{').unwrap_or(0);
                 let end = text.rfind('}').map(|i| i + 1).unwrap_or(text.len());
-                serde_json::from_str(text.get(start..end).unwrap_or_default()).unwrap_or_else(|_| Verdict::satisfied())
+                serde_json::from_str(text.get(start..end).unwrap_or_default())
+                    .unwrap_or_else(|_| Verdict::satisfied())
             }
             Err(_) => Verdict::satisfied(),
         }

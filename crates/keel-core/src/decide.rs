@@ -126,7 +126,10 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
         return Action::AwaitApproval(waiting);
     }
     if let Some((question, missing_fields)) = &run.awaiting_user {
-        return Action::AwaitUser { question, missing_fields };
+        return Action::AwaitUser {
+            question,
+            missing_fields,
+        };
     }
     let runnable: Vec<&PendingCall> = run.pending.iter().filter(|p| p.is_runnable()).collect();
     if !runnable.is_empty() {
@@ -140,13 +143,22 @@ pub fn decide(state: &RunState, now: DateTime<Utc>) -> Action<'_> {
         };
         return match (run.summary_turn, run.model_outstanding) {
             (Some(_), false) => stop,
-            (_, true) => Action::CallModel { turn: run.turns.max(1), final_summary: true },
+            (_, true) => Action::CallModel {
+                turn: run.turns.max(1),
+                final_summary: true,
+            },
             (None, false) if run.budget.exceeded(&run.spent(now)).is_some() => stop,
-            (None, false) => Action::CallModel { turn: run.turns.saturating_add(1), final_summary: true },
+            (None, false) => Action::CallModel {
+                turn: run.turns.saturating_add(1),
+                final_summary: true,
+            },
         };
     }
     if run.model_outstanding {
-        return Action::CallModel { turn: run.turns.max(1), final_summary: false };
+        return Action::CallModel {
+            turn: run.turns.max(1),
+            final_summary: false,
+        };
     }
     match state.messages().last() {
         None => finish(EndState::Failed, Some("the conversation is empty".into())),

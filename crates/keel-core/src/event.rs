@@ -219,6 +219,9 @@ pub enum EventKind {
         known_gaps: Vec<String>,
         /// Recommended next step.
         next: CriticNext,
+        /// A tool the next model call must use (a required call that is missing).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_tool: Option<String>,
     },
     /// A retry of a model call or tool call.
     Retry {

@@ -52,12 +52,18 @@ impl ObservationNormalizer for DefaultNormalizer {
     fn normalize(&self, outcome: &ToolOutcome) -> Observation {
         let mut observation = Observation::default();
         match &outcome.result {
-            ToolResultKind::Ok { data, truncated, .. } => {
+            ToolResultKind::Ok {
+                data, truncated, ..
+            } => {
                 let (facts, items) = scalar_facts(data);
                 observation.key_facts = facts;
                 observation.summary = match items {
                     Some(0) => format!("{} returned no results.", outcome.tool),
-                    Some(n) => format!("{} returned {n} item{}.", outcome.tool, if n == 1 { "" } else { "s" }),
+                    Some(n) => format!(
+                        "{} returned {n} item{}.",
+                        outcome.tool,
+                        if n == 1 { "" } else { "s" }
+                    ),
                     None => format!("{} succeeded.", outcome.tool),
                 };
                 if items == Some(0) {
@@ -71,16 +77,25 @@ impl ObservationNormalizer for DefaultNormalizer {
                     observation.affordances.push("narrow_the_query".into());
                 }
                 if !outcome.repairs.is_empty() {
-                    observation.key_facts.insert("repairs".into(), outcome.repairs.join("; "));
+                    observation
+                        .key_facts
+                        .insert("repairs".into(), outcome.repairs.join("; "));
                 }
             }
             ToolResultKind::Error { code, message, .. } => {
-                observation.summary = format!("{} failed with {code}: {}", outcome.tool, truncate(message));
-                observation.key_facts.insert("error_code".into(), code.to_string());
-                observation.affordances.extend(error_affordances(*code).iter().map(|s| s.to_string()));
+                observation.summary =
+                    format!("{} failed with {code}: {}", outcome.tool, truncate(message));
+                observation
+                    .key_facts
+                    .insert("error_code".into(), code.to_string());
+                observation
+                    .affordances
+                    .extend(error_affordances(*code).iter().map(|s| s.to_string()));
             }
         }
-        observation.key_facts.insert("attempts".into(), outcome.attempts.to_string());
+        observation
+            .key_facts
+            .insert("attempts".into(), outcome.attempts.to_string());
         observation.affordances.dedup();
         observation
     }
@@ -140,7 +155,11 @@ fn scalar_facts(data: &Value) -> (BTreeMap<String, String>, Option<usize>) {
 }
 
 /// The text the model sees for an outcome under a mode.
-pub fn render_for_model(outcome: &ToolOutcome, observation: Option<&Observation>, mode: ObservationMode) -> String {
+pub fn render_for_model(
+    outcome: &ToolOutcome,
+    observation: Option<&Observation>,
+    mode: ObservationMode,
+) -> String {
     match (mode, observation) {
         (ObservationMode::Raw, _) | (_, None) => outcome.render_for_model(),
         (ObservationMode::Normalized, Some(observation)) => {

@@ -173,7 +173,11 @@ pub fn structured_prompt(tool_names: &[&str]) -> String {
          Tool results come back as messages starting with `Observation:`.\n\
          If a tool fails: retry at most twice for retryable errors; else try another tool; \
          else ask_user for missing information; else stop with a short summary.",
-        if tool_names.is_empty() { "(no tools)".to_string() } else { tool_names.join(", ") }
+        if tool_names.is_empty() {
+            "(no tools)".to_string()
+        } else {
+            tool_names.join(", ")
+        }
     )
 }
 
@@ -185,15 +189,23 @@ pub fn parse_action(text: &str, tool_names: &[&str]) -> Result<PlannerAction, St
     })?;
     let value: Value = serde_json::from_str(candidate).map_err(|e| format!("invalid JSON: {e}"))?;
     let schema = action_schema(tool_names);
-    let validator = jsonschema::validator_for(&schema).map_err(|e| format!("internal schema error: {e}"))?;
+    let validator =
+        jsonschema::validator_for(&schema).map_err(|e| format!("internal schema error: {e}"))?;
     if let Some(error) = validator.iter_errors(&value).next() {
         let unknown_tool = value
             .get("name")
             .and_then(Value::as_str)
             .filter(|name| !tool_names.contains(name))
-            .map(|name| format!(" (unknown tool `{name}`; available: {})", tool_names.join(", ")))
+            .map(|name| {
+                format!(
+                    " (unknown tool `{name}`; available: {})",
+                    tool_names.join(", ")
+                )
+            })
             .unwrap_or_default();
-        return Err(format!("the action does not match the action schema: {error}{unknown_tool}"));
+        return Err(format!(
+            "the action does not match the action schema: {error}{unknown_tool}"
+        ));
     }
     serde_json::from_value(value).map_err(|e| format!("invalid action: {e}"))
 }
@@ -236,16 +248,35 @@ mod tests {
     fn parses_actions_and_rejects_invalid_ones() {
         let tools = ["calculator"];
         assert_eq!(
-            parse_action("```json\n{\"action\":\"call_tool\",\"name\":\"calculator\",\"args\":{\"expression\":\"1+1\"}}\n```", &tools),
-            Ok(PlannerAction::CallTool { name: "calculator".into(), args: json!({"expression": "1+1"}) })
+            parse_action(
+                "```json\n{\"action\":\"call_tool\",\"name\":\"calculator\",\"args\":{\"expression\":\"1+1\"}}\n```",
+                &tools
+            ),
+            Ok(PlannerAction::CallTool {
+                name: "calculator".into(),
+                args: json!({"expression": "1+1"})
+            })
         );
         assert_eq!(
             parse_action("{\"action\":\"stop\",\"reason\":\"2\"}", &tools),
             Ok(PlannerAction::Stop { reason: "2".into() })
         );
         assert!(parse_action("I think the answer is 2", &tools).is_err());
-        assert!(parse_action("{\"action\":\"call_tool\",\"name\":\"nope\",\"args\":{}}", &tools).unwrap_err().contains("unknown tool `nope`"));
+        assert!(
+            parse_action(
+                "{\"action\":\"call_tool\",\"name\":\"nope\",\"args\":{}}",
+                &tools
+            )
+            .unwrap_err()
+            .contains("unknown tool `nope`")
+        );
         assert!(parse_action("{\"action\":\"dance\"}", &tools).is_err());
-        assert!(parse_action("{\"action\": \"stop\", \"reason\": \"a } in a string\"}", &tools).is_ok());
+        assert!(
+            parse_action(
+                "{\"action\": \"stop\", \"reason\": \"a } in a string\"}",
+                &tools
+            )
+            .is_ok()
+        );
     }
 }

@@ -111,7 +111,11 @@ impl Default for PolicyTable {
 /// Seed 000's table (§18), expressed as rules.
 fn seed_rule(code: ToolErrorCode) -> PolicyRule {
     use PolicyStep::{AskUser, Fallback, Retry, ReturnToModel};
-    let stop = |end_state, action_item, alert| PolicyStep::Stop { end_state, action_item, alert };
+    let stop = |end_state, action_item, alert| PolicyStep::Stop {
+        end_state,
+        action_item,
+        alert,
+    };
     match code {
         // "Ask user / repair": the model repairs its call; the user is asked for fields
         // the model cannot know.
@@ -129,9 +133,11 @@ fn seed_rule(code: ToolErrorCode) -> PolicyRule {
         // "Ask/replan": the model replans with what it learned.
         ToolErrorCode::NotFound => PolicyRule::of(vec![ReturnToModel]),
         // "Attempt bounded repair else stop" (repair happened in the executor).
-        ToolErrorCode::OutputSchemaMismatch => {
-            PolicyRule::of(vec![stop(EndState::UnrecoverableToolContract, false, false)])
-        }
+        ToolErrorCode::OutputSchemaMismatch => PolicyRule::of(vec![stop(
+            EndState::UnrecoverableToolContract,
+            false,
+            false,
+        )]),
         // "Stop & alert".
         ToolErrorCode::ToolBug => PolicyRule::of(vec![stop(EndState::Failed, false, true)]),
         ToolErrorCode::NoResults | ToolErrorCode::Cancelled | ToolErrorCode::Denied => {
@@ -156,7 +162,10 @@ impl PolicyTable {
     /// The seed's defaults, with no fallbacks.
     pub fn seed_defaults() -> Self {
         Self {
-            rules: ToolErrorCode::ALL.into_iter().map(|code| (code, seed_rule(code))).collect(),
+            rules: ToolErrorCode::ALL
+                .into_iter()
+                .map(|code| (code, seed_rule(code)))
+                .collect(),
             tools: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
             user_fields: BTreeMap::new(),
@@ -182,7 +191,14 @@ impl PolicyTable {
 
     /// Decides what follows a failed outcome. `None` for a success.
     pub fn decide(&self, outcome: &ToolOutcome, ctx: PolicyContext<'_>) -> Option<PolicyDecision> {
-        let ToolResultKind::Error { code, message, details } = &outcome.result else { return None };
+        let ToolResultKind::Error {
+            code,
+            message,
+            details,
+        } = &outcome.result
+        else {
+            return None;
+        };
         let rule = self.rule(&outcome.tool, *code);
         for step in &rule.steps {
             match step {
@@ -217,7 +233,11 @@ impl PolicyTable {
                     }
                 }
                 PolicyStep::ReturnToModel => return Some(PolicyDecision::ReturnToModel),
-                PolicyStep::Stop { end_state, action_item, alert } => {
+                PolicyStep::Stop {
+                    end_state,
+                    action_item,
+                    alert,
+                } => {
                     let action_item = action_item.then(|| action_item_for(*code, &outcome.tool));
                     return Some(PolicyDecision::Stop {
                         end_state: *end_state,
@@ -248,12 +268,17 @@ fn action_item_for(code: ToolErrorCode, tool: &str) -> String {
 /// reports schema errors as `{"errors": [{"path", "message"}]}`; jsonschema words a
 /// missing property as `"x" is a required property`).
 pub fn missing_required_fields(details: Option<&serde_json::Value>) -> Vec<String> {
-    let Some(errors) = details.and_then(|d| d.get("errors")).and_then(|e| e.as_array()) else {
+    let Some(errors) = details
+        .and_then(|d| d.get("errors"))
+        .and_then(|e| e.as_array())
+    else {
         return Vec::new();
     };
     let mut fields = Vec::new();
     for error in errors {
-        let Some(message) = error.get("message").and_then(|m| m.as_str()) else { continue };
+        let Some(message) = error.get("message").and_then(|m| m.as_str()) else {
+            continue;
+        };
         if let Some(rest) = message.strip_suffix(" is a required property") {
             let field = rest.trim_matches('"').to_string();
             if !fields.contains(&field) {
@@ -277,7 +302,11 @@ mod tests {
             attempts: 1,
             latency_ms: 0,
             repairs: Vec::new(),
-            result: ToolResultKind::Error { code, message: "boom".into(), details },
+            result: ToolResultKind::Error {
+                code,
+                message: "boom".into(),
+                details,
+            },
         }
     }
 
@@ -293,28 +322,75 @@ mod tests {
         };
         use PolicyStep::*;
         // InvalidInput: ask user / repair.
-        assert_eq!(table.rule("t", ToolErrorCode::InvalidInput).steps, vec![AskUser, ReturnToModel]);
-        assert_eq!(decide(ToolErrorCode::InvalidInput), PolicyDecision::ReturnToModel);
+        assert_eq!(
+            table.rule("t", ToolErrorCode::InvalidInput).steps,
+            vec![AskUser, ReturnToModel]
+        );
+        assert_eq!(
+            decide(ToolErrorCode::InvalidInput),
+            PolicyDecision::ReturnToModel
+        );
         // Timeout: retry then fallback.
-        assert_eq!(table.rule("t", ToolErrorCode::Timeout).steps, vec![Retry, Fallback, ReturnToModel]);
+        assert_eq!(
+            table.rule("t", ToolErrorCode::Timeout).steps,
+            vec![Retry, Fallback, ReturnToModel]
+        );
         // RetryableServer: retry with backoff.
-        assert_eq!(table.rule("t", ToolErrorCode::RetryableServer).steps[0], Retry);
+        assert_eq!(
+            table.rule("t", ToolErrorCode::RetryableServer).steps[0],
+            Retry
+        );
         // RateLimited: retry with backoff + jitter.
         assert_eq!(table.rule("t", ToolErrorCode::RateLimited).steps[0], Retry);
-        for code in [ToolErrorCode::Timeout, ToolErrorCode::RetryableServer, ToolErrorCode::RateLimited] {
-            assert_eq!(decide(code), PolicyDecision::ReturnToModel, "{code} after retries, no fallback");
+        for code in [
+            ToolErrorCode::Timeout,
+            ToolErrorCode::RetryableServer,
+            ToolErrorCode::RateLimited,
+        ] {
+            assert_eq!(
+                decide(code),
+                PolicyDecision::ReturnToModel,
+                "{code} after retries, no fallback"
+            );
         }
         // Unauthorized / Forbidden: stop with action item.
-        assert!(is_stop(&decide(ToolErrorCode::Unauthorized), EndState::Failed, true, false));
-        assert!(is_stop(&decide(ToolErrorCode::Forbidden), EndState::Failed, true, false));
+        assert!(is_stop(
+            &decide(ToolErrorCode::Unauthorized),
+            EndState::Failed,
+            true,
+            false
+        ));
+        assert!(is_stop(
+            &decide(ToolErrorCode::Forbidden),
+            EndState::Failed,
+            true,
+            false
+        ));
         // NotFound: ask / replan (the model replans).
-        assert_eq!(decide(ToolErrorCode::NotFound), PolicyDecision::ReturnToModel);
+        assert_eq!(
+            decide(ToolErrorCode::NotFound),
+            PolicyDecision::ReturnToModel
+        );
         // OutputSchemaMismatch: bounded repair (executor) else stop.
-        assert!(is_stop(&decide(ToolErrorCode::OutputSchemaMismatch), EndState::UnrecoverableToolContract, false, false));
+        assert!(is_stop(
+            &decide(ToolErrorCode::OutputSchemaMismatch),
+            EndState::UnrecoverableToolContract,
+            false,
+            false
+        ));
         // ToolBug: stop & alert.
-        assert!(is_stop(&decide(ToolErrorCode::ToolBug), EndState::Failed, false, true));
+        assert!(is_stop(
+            &decide(ToolErrorCode::ToolBug),
+            EndState::Failed,
+            false,
+            true
+        ));
         // Not in the seed's table: the model decides.
-        for code in [ToolErrorCode::NoResults, ToolErrorCode::Cancelled, ToolErrorCode::Denied] {
+        for code in [
+            ToolErrorCode::NoResults,
+            ToolErrorCode::Cancelled,
+            ToolErrorCode::Denied,
+        ] {
             assert_eq!(decide(code), PolicyDecision::ReturnToModel);
         }
         // Every code has a rule.
@@ -327,15 +403,30 @@ mod tests {
         let timeout = failed("search", ToolErrorCode::Timeout, None);
         assert_eq!(
             table.decide(&timeout, PolicyContext::default()),
-            Some(PolicyDecision::Fallback { tool: "search_cache".into() })
+            Some(PolicyDecision::Fallback {
+                tool: "search_cache".into()
+            })
         );
-        let ctx = PolicyContext { is_fallback: true, ..PolicyContext::default() };
-        assert_eq!(table.decide(&timeout, ctx), Some(PolicyDecision::ReturnToModel));
+        let ctx = PolicyContext {
+            is_fallback: true,
+            ..PolicyContext::default()
+        };
+        assert_eq!(
+            table.decide(&timeout, ctx),
+            Some(PolicyDecision::ReturnToModel)
+        );
         table.tools.insert(
             "search".into(),
-            [(ToolErrorCode::Timeout, PolicyRule::of(vec![PolicyStep::ReturnToModel]))].into(),
+            [(
+                ToolErrorCode::Timeout,
+                PolicyRule::of(vec![PolicyStep::ReturnToModel]),
+            )]
+            .into(),
         );
-        assert_eq!(table.decide(&timeout, PolicyContext::default()), Some(PolicyDecision::ReturnToModel));
+        assert_eq!(
+            table.decide(&timeout, PolicyContext::default()),
+            Some(PolicyDecision::ReturnToModel)
+        );
     }
 
     #[test]
@@ -343,10 +434,23 @@ mod tests {
         let details = serde_json::json!({"errors": [{"path": "/", "message": "\"account_id\" is a required property"}]});
         let outcome = failed("billing", ToolErrorCode::InvalidInput, Some(details));
         let mut table = PolicyTable::default();
-        assert_eq!(table.decide(&outcome, PolicyContext::default()), Some(PolicyDecision::ReturnToModel));
-        let repeated = PolicyContext { same_missing_field_failures: 2, ..PolicyContext::default() };
-        assert!(matches!(table.decide(&outcome, repeated), Some(PolicyDecision::AskUser { missing_fields, .. }) if missing_fields == ["account_id"]));
-        table.user_fields.insert("billing".into(), vec!["account_id".into()]);
-        assert!(matches!(table.decide(&outcome, PolicyContext::default()), Some(PolicyDecision::AskUser { .. })));
+        assert_eq!(
+            table.decide(&outcome, PolicyContext::default()),
+            Some(PolicyDecision::ReturnToModel)
+        );
+        let repeated = PolicyContext {
+            same_missing_field_failures: 2,
+            ..PolicyContext::default()
+        };
+        assert!(
+            matches!(table.decide(&outcome, repeated), Some(PolicyDecision::AskUser { missing_fields, .. }) if missing_fields == ["account_id"])
+        );
+        table
+            .user_fields
+            .insert("billing".into(), vec!["account_id".into()]);
+        assert!(matches!(
+            table.decide(&outcome, PolicyContext::default()),
+            Some(PolicyDecision::AskUser { .. })
+        ));
     }
 }

@@ -123,6 +123,8 @@ pub struct RunScope {
     pub answer_verdict: Option<bool>,
     /// Final answers a critic rejected in this run.
     pub critic_rejections: u32,
+    /// The tool the next model call must use (set by a critic's rejection).
+    pub forced_tool: Option<String>,
     /// Consecutive structured-planner answers that were not a valid action.
     pub invalid_actions: u32,
     /// The last observations and decisions, for prompts and summaries.
@@ -249,6 +251,7 @@ impl RunState {
                     summary_turn: None,
                     answer_verdict: None,
                     critic_rejections: 0,
+                    forced_tool: None,
                     invalid_actions: 0,
                     working_memory: WorkingMemory::default(),
                     model_failed: None,
@@ -281,6 +284,7 @@ impl RunState {
                 if let Some(run) = &mut self.run {
                     run.model_outstanding = false;
                     run.answer_verdict = None;
+                    run.forced_tool = None;
                     run.usage.add(usage);
                     if let Some(cost) = cost_usd {
                         run.cost_usd += cost;
@@ -353,7 +357,8 @@ impl RunState {
             }
             EventKind::Replanned { subgoals } => {
                 if let Some(run) = &mut self.run {
-                    run.working_memory.decide(format!("replanned: {}", subgoals.join("; ")));
+                    run.working_memory
+                        .decide(format!("replanned: {}", subgoals.join("; ")));
                     run.subgoals.clone_from(subgoals);
                 }
             }
@@ -381,7 +386,11 @@ impl RunState {
                     pending.approval_requested = true;
                 }
             }
-            EventKind::Critique { satisfied, .. } => {
+            EventKind::Critique {
+                satisfied,
+                next_tool,
+                ..
+            } => {
                 let is_final_answer = self
                     .messages
                     .last()
@@ -395,23 +404,42 @@ impl RunState {
                     ));
                     run.answer_verdict = Some(*satisfied);
                     if !satisfied {
+                        run.forced_tool.clone_from(next_tool);
+                    }
+                    if !satisfied {
                         run.critic_rejections = run.critic_rejections.saturating_add(1);
                     }
                 }
             }
-            EventKind::PolicyApplied { decision, tool, error_code, .. } => {
+            EventKind::PolicyApplied {
+                decision,
+                tool,
+                error_code,
+                ..
+            } => {
                 if let Some(run) = &mut self.run {
                     let action = match decision {
-                        crate::policy::PolicyDecision::Fallback { tool } => format!("fall back to `{tool}`"),
+                        crate::policy::PolicyDecision::Fallback { tool } => {
+                            format!("fall back to `{tool}`")
+                        }
                         crate::policy::PolicyDecision::AskUser { .. } => "ask the user".to_string(),
-                        crate::policy::PolicyDecision::ReturnToModel => "return the error to the model".to_string(),
-                        crate::policy::PolicyDecision::Stop { end_state, .. } => format!("stop ({end_state})"),
+                        crate::policy::PolicyDecision::ReturnToModel => {
+                            "return the error to the model".to_string()
+                        }
+                        crate::policy::PolicyDecision::Stop { end_state, .. } => {
+                            format!("stop ({end_state})")
+                        }
                     };
-                    run.working_memory.decide(format!("`{tool}` failed with {error_code}: {action}"));
+                    run.working_memory
+                        .decide(format!("`{tool}` failed with {error_code}: {action}"));
                 }
                 if let Some(run) = &mut self.run
-                    && let crate::policy::PolicyDecision::Stop { end_state, reason, action_item, .. } =
-                        decision
+                    && let crate::policy::PolicyDecision::Stop {
+                        end_state,
+                        reason,
+                        action_item,
+                        ..
+                    } = decision
                     && run.policy_stop.is_none()
                 {
                     run.policy_stop = Some((*end_state, reason.clone(), action_item.clone()));

@@ -458,7 +458,10 @@ pub trait DynTool: Send + Sync {
 
     /// The tool's own observation of an outcome, when it knows its output better than the
     /// default normalizer does.
-    fn normalize(&self, _outcome: &crate::outcome::ToolOutcome) -> Option<crate::observation::Observation> {
+    fn normalize(
+        &self,
+        _outcome: &crate::outcome::ToolOutcome,
+    ) -> Option<crate::observation::Observation> {
         None
     }
 }

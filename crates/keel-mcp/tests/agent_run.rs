@@ -1,12 +1,20 @@
 //! A run in which a scripted model calls MCP tools through Keel's normal executor:
 //! argument validation against the MCP tool's schema, per-call timeout, outcome and events.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 mod common;
 
 use std::sync::Arc;
 
-use keel_core::{EndState, EventKind, EventStore, MemoryStore, Message, ToolErrorCode, ToolRegistry};
+use keel_core::{
+    EndState, EventKind, EventStore, MemoryStore, Message, ToolErrorCode, ToolRegistry,
+};
 use keel_mcp::McpManager;
 use keel_runtime::{Agent, RunContext, Thread};
 use keel_testkit::{ScriptStep, ScriptedModel};
@@ -18,7 +26,11 @@ async fn a_scripted_model_calls_mcp_tools_through_the_executor() {
     let mut registry = ToolRegistry::new();
     let errors = manager.register_tools(&mut registry);
     assert!(errors.is_empty(), "{errors:?}");
-    assert!(registry.get("everything__echo").is_some(), "tools: {:?}", registry.names().collect::<Vec<_>>());
+    assert!(
+        registry.get("everything__echo").is_some(),
+        "tools: {:?}",
+        registry.names().collect::<Vec<_>>()
+    );
 
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptStep::tool_call("everything__echo", json!({"message": "hello over MCP"})),
@@ -31,7 +43,11 @@ async fn a_scripted_model_calls_mcp_tools_through_the_executor() {
     let store = Arc::new(MemoryStore::new());
     let mut thread = Thread::new();
     let outcome = agent
-        .run(vec![Message::user("echo, then add 2 and 3")], &mut thread, &RunContext::new(store.clone()))
+        .run(
+            vec![Message::user("echo, then add 2 and 3")],
+            &mut thread,
+            &RunContext::new(store.clone()),
+        )
         .await
         .unwrap();
     manager.shutdown().await;
@@ -42,17 +58,34 @@ async fn a_scripted_model_calls_mcp_tools_through_the_executor() {
     assert_eq!(calls.len(), 3);
     assert!(calls[0].ok, "{calls:?}");
     assert_eq!(calls[1].error_code, Some(ToolErrorCode::InvalidInput));
-    assert_eq!(calls[1].attempts, 0, "validated before the server was called");
+    assert_eq!(
+        calls[1].attempts, 0,
+        "validated before the server was called"
+    );
     assert!(calls[2].ok);
 
     let requests = model.requests();
     let echo_result = requests[1].tool_result_contents().join("\n");
     assert!(echo_result.contains("hello over MCP"), "{echo_result}");
-    let sum_result = requests[3].messages.last().unwrap().tool_results().next().unwrap().content.clone();
+    let sum_result = requests[3]
+        .messages
+        .last()
+        .unwrap()
+        .tool_results()
+        .next()
+        .unwrap()
+        .content
+        .clone();
     assert!(sum_result.contains('5'), "{sum_result}");
 
     let events = store.load(thread.id()).await.unwrap();
-    let started = events.iter().filter(|e| matches!(e.kind, EventKind::ToolCallStarted { .. })).count();
-    let finished = events.iter().filter(|e| matches!(e.kind, EventKind::ToolCallFinished { .. })).count();
+    let started = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolCallStarted { .. }))
+        .count();
+    let finished = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolCallFinished { .. }))
+        .count();
     assert_eq!((started, finished), (3, 3));
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use keel_core::observation::{DefaultNormalizer, ObservationMode, ObservationNormalizer};
 use keel_core::planner::{self, PlannerMode};
-use keel_core::{Budget, Critic, Message, Model, PolicyTable, ToolChoice, ToolDefinition, ToolRegistry};
+use keel_core::{
+    Budget, Critic, Message, Model, PolicyTable, ToolChoice, ToolDefinition, ToolRegistry,
+};
 
 use crate::context::RunContext;
 use crate::executor::ToolExecutor;

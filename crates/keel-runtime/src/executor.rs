@@ -135,7 +135,9 @@ impl ToolExecutor {
         let started = Instant::now();
         let mut retries = Vec::new();
         let mut repairs = Vec::new();
-        let (result, attempts) = self.execute_inner(call, env, &mut retries, &mut repairs).await;
+        let (result, attempts) = self
+            .execute_inner(call, env, &mut retries, &mut repairs)
+            .await;
         let outcome = ToolOutcome {
             tool: call.name.clone(),
             call_id: call.id.clone(),
@@ -292,7 +294,12 @@ impl ToolExecutor {
 
     /// Validates output against the output schema, applying bounded repair when it does
     /// not match, then caps the payload.
-    fn check_output(&self, compiled: &CompiledTool, mut data: Value, repairs: &mut Vec<String>) -> ToolResultKind {
+    fn check_output(
+        &self,
+        compiled: &CompiledTool,
+        mut data: Value,
+        repairs: &mut Vec<String>,
+    ) -> ToolResultKind {
         let spec = compiled.tool.spec();
         let schema_validated = match (&compiled.output, &spec.output_schema) {
             (Some(validator), Some(schema)) => {
@@ -306,8 +313,13 @@ impl ToolExecutor {
                             repairs.extend(applied);
                         }
                         _ => {
-                            let error = schema_errors(validator, &data, "output")
-                                .unwrap_or_else(|| ToolError::new(ToolErrorCode::OutputSchemaMismatch, "output does not match"));
+                            let error =
+                                schema_errors(validator, &data, "output").unwrap_or_else(|| {
+                                    ToolError::new(
+                                        ToolErrorCode::OutputSchemaMismatch,
+                                        "output does not match",
+                                    )
+                                });
                             let error = error.prefixed(&format!(
                                 "`{}` returned output that does not match its output schema (not repairable)",
                                 spec.name
@@ -316,7 +328,10 @@ impl ToolExecutor {
                             if let Some(map) = details.as_object_mut() {
                                 map.insert("attempted_repairs".into(), serde_json::json!(applied));
                             }
-                            return error_kind(ToolError { details: Some(details), ..error });
+                            return error_kind(ToolError {
+                                details: Some(details),
+                                ..error
+                            });
                         }
                     }
                 }
@@ -325,7 +340,11 @@ impl ToolExecutor {
             _ => false,
         };
         let (data, truncated) = cap_payload(data, spec.max_payload_bytes, &spec.name);
-        ToolResultKind::Ok { data, schema_validated, truncated }
+        ToolResultKind::Ok {
+            data,
+            schema_validated,
+            truncated,
+        }
     }
 
     /// Executes the calls of one model turn concurrently and yields their executions in

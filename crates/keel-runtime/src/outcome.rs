@@ -194,7 +194,10 @@ impl RunOutcome {
                     });
                 }
                 EventKind::PolicyApplied {
-                    decision: keel_core::PolicyDecision::Stop { action_item, alert, .. },
+                    decision:
+                        keel_core::PolicyDecision::Stop {
+                            action_item, alert, ..
+                        },
                     ..
                 } => {
                     if action_item.is_some() {
@@ -202,7 +205,10 @@ impl RunOutcome {
                     }
                     outcome.alert |= *alert;
                 }
-                EventKind::UserAsked { question, missing_fields } => {
+                EventKind::UserAsked {
+                    question,
+                    missing_fields,
+                } => {
                     outcome.clarification = Some(Clarification {
                         question: question.clone(),
                         missing_fields: missing_fields.clone(),

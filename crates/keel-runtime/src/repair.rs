@@ -26,8 +26,12 @@ pub fn within_bounds(repairs: &[String]) -> bool {
 fn resolve<'s>(schema: &'s Value, root: &'s Value) -> &'s Value {
     let mut current = schema;
     for _ in 0..8 {
-        let Some(reference) = current.get("$ref").and_then(Value::as_str) else { return current };
-        let Some(pointer) = reference.strip_prefix('#') else { return current };
+        let Some(reference) = current.get("$ref").and_then(Value::as_str) else {
+            return current;
+        };
+        let Some(pointer) = reference.strip_prefix('#') else {
+            return current;
+        };
         match root.pointer(pointer) {
             Some(target) => current = target,
             None => return current,
@@ -44,7 +48,14 @@ fn types_of(schema: &Value) -> Vec<&str> {
     }
 }
 
-fn walk(value: &mut Value, schema: &Value, root: &Value, path: &str, repairs: &mut Vec<String>, depth: usize) {
+fn walk(
+    value: &mut Value,
+    schema: &Value,
+    root: &Value,
+    path: &str,
+    repairs: &mut Vec<String>,
+    depth: usize,
+) {
     if depth > 32 || repairs.len() > MAX_REPAIRS {
         return;
     }
@@ -58,7 +69,14 @@ fn walk(value: &mut Value, schema: &Value, root: &Value, path: &str, repairs: &m
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for (index, item) in items.iter_mut().enumerate() {
-                    walk(item, item_schema, root, &format!("{path}/{index}"), repairs, depth + 1);
+                    walk(
+                        item,
+                        item_schema,
+                        root,
+                        &format!("{path}/{index}"),
+                        repairs,
+                        depth + 1,
+                    );
                 }
             }
         }
@@ -66,7 +84,14 @@ fn walk(value: &mut Value, schema: &Value, root: &Value, path: &str, repairs: &m
     }
 }
 
-fn walk_object(map: &mut Map<String, Value>, schema: &Value, root: &Value, path: &str, repairs: &mut Vec<String>, depth: usize) {
+fn walk_object(
+    map: &mut Map<String, Value>,
+    schema: &Value,
+    root: &Value,
+    path: &str,
+    repairs: &mut Vec<String>,
+    depth: usize,
+) {
     let properties = schema.get("properties").and_then(Value::as_object);
     if let Some(required) = schema.get("required").and_then(Value::as_array) {
         for name in required.iter().filter_map(Value::as_str) {
@@ -79,14 +104,23 @@ fn walk_object(map: &mut Map<String, Value>, schema: &Value, root: &Value, path:
                 .and_then(|s| s.get("default"));
             if let Some(default) = default {
                 map.insert(name.to_string(), default.clone());
-                repairs.push(format!("filled missing {path}/{name} with its schema default {default}"));
+                repairs.push(format!(
+                    "filled missing {path}/{name} with its schema default {default}"
+                ));
             }
         }
     }
     if let Some(properties) = properties {
         for (name, property_schema) in properties {
             if let Some(child) = map.get_mut(name) {
-                walk(child, property_schema, root, &format!("{path}/{name}"), repairs, depth + 1);
+                walk(
+                    child,
+                    property_schema,
+                    root,
+                    &format!("{path}/{name}"),
+                    repairs,
+                    depth + 1,
+                );
             }
         }
     }
@@ -115,7 +149,12 @@ fn coerce(value: &mut Value, types: &[&str], path: &str, repairs: &mut Vec<Strin
             .as_f64()
             .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
             .map(|f| Value::from(f as i64)),
-        ("number", Value::String(s)) => s.trim().parse::<f64>().ok().filter(|f| f.is_finite()).map(Value::from),
+        ("number", Value::String(s)) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(Value::from),
         ("boolean", Value::String(s)) => match s.trim() {
             "true" => Some(Value::Bool(true)),
             "false" => Some(Value::Bool(false)),
@@ -151,15 +190,25 @@ mod tests {
         });
         let mut value = json!({"count": "3", "ok": "true", "items": [{"score": "0.5"}]});
         let repairs = repair(&mut value, &schema);
-        assert_eq!(value, json!({"count": 3, "ok": true, "unit": "ms", "items": [{"score": 0.5}]}));
+        assert_eq!(
+            value,
+            json!({"count": 3, "ok": true, "unit": "ms", "items": [{"score": 0.5}]})
+        );
         assert_eq!(repairs.len(), 4, "{repairs:?}");
         // A required field without a default is not invented.
-        let schema = json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}});
+        let schema =
+            json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}});
         let mut value = json!({});
         assert!(repair(&mut value, &schema).is_empty());
         assert_eq!(value, json!({}));
         // Words are not numbers.
         let mut value = json!({"count": "three"});
-        assert!(repair(&mut value, &json!({"properties": {"count": {"type": "integer"}}})).is_empty());
+        assert!(
+            repair(
+                &mut value,
+                &json!({"properties": {"count": {"type": "integer"}}})
+            )
+            .is_empty()
+        );
     }
 }

@@ -2,7 +2,13 @@
 //! repaired and not repairable, timeout, 429/5xx retried with jitter (virtual clock), empty
 //! results, pagination over three pages, payload over the cap; plus parallelism and
 //! mutual exclusion of mutating tools.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +24,8 @@ use keel_runtime::ToolExecutor;
 use keel_runtime::executor::CallEnv;
 use serde_json::{Value, json};
 
-type Handler = Arc<dyn Fn(Value, u32) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync>;
+type Handler =
+    Arc<dyn Fn(Value, u32) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync>;
 
 /// A tool whose behaviour is a closure of (args, attempt number).
 struct FnTool {
@@ -28,8 +35,18 @@ struct FnTool {
 }
 
 impl FnTool {
-    fn new(spec: ToolSpec, handler: impl Fn(Value, u32) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync + 'static) -> Arc<Self> {
-        Arc::new(Self { spec, calls: AtomicU32::new(0), handler: Arc::new(handler) })
+    fn new(
+        spec: ToolSpec,
+        handler: impl Fn(Value, u32) -> BoxFuture<'static, Result<Value, ToolError>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            calls: AtomicU32::new(0),
+            handler: Arc::new(handler),
+        })
     }
 }
 
@@ -37,7 +54,11 @@ impl DynTool for FnTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
-    fn call<'a>(&'a self, args: Value, _ctx: &'a ToolContext) -> BoxFuture<'a, Result<Value, ToolError>> {
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
         let attempt = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         (self.handler)(args, attempt)
     }
@@ -60,10 +81,27 @@ fn executor(tools: Vec<Arc<FnTool>>) -> ToolExecutor {
     ToolExecutor::new(&registry)
 }
 
-async fn run(executor: &ToolExecutor, name: &str, args: Value) -> keel_runtime::executor::Execution {
+async fn run(
+    executor: &ToolExecutor,
+    name: &str,
+    args: Value,
+) -> keel_runtime::executor::Execution {
     let cancel = CancellationToken::new();
-    let call = ToolCall { id: "call_1".into(), name: name.into(), arguments: args.to_string() };
-    executor.execute(&call, CallEnv { thread_id: "thr", run_id: "run", cancel: &cancel }).await
+    let call = ToolCall {
+        id: "call_1".into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    };
+    executor
+        .execute(
+            &call,
+            CallEnv {
+                thread_id: "thr",
+                run_id: "run",
+                cancel: &cancel,
+            },
+        )
+        .await
 }
 
 fn ok_data(execution: &keel_runtime::executor::Execution) -> &Value {
@@ -74,7 +112,10 @@ fn ok_data(execution: &keel_runtime::executor::Execution) -> &Value {
 }
 
 fn error_code(execution: &keel_runtime::executor::Execution) -> ToolErrorCode {
-    execution.outcome.error_code().unwrap_or_else(|| panic!("expected an error, got {:?}", execution.outcome))
+    execution
+        .outcome
+        .error_code()
+        .unwrap_or_else(|| panic!("expected an error, got {:?}", execution.outcome))
 }
 
 #[tokio::test]
@@ -85,9 +126,22 @@ async fn happy_path_validates_output_and_records_provenance() {
     );
     let execution = run(&executor(vec![tool]), "search", json!({"query": "keel"})).await;
     assert_eq!(ok_data(&execution), &json!({"hits": 3}));
-    assert!(matches!(execution.outcome.result, ToolResultKind::Ok { schema_validated: true, truncated: false, .. }));
+    assert!(matches!(
+        execution.outcome.result,
+        ToolResultKind::Ok {
+            schema_validated: true,
+            truncated: false,
+            ..
+        }
+    ));
     assert_eq!(execution.outcome.attempts, 1);
-    assert_eq!((execution.outcome.thread_id.as_str(), execution.outcome.run_id.as_str()), ("thr", "run"));
+    assert_eq!(
+        (
+            execution.outcome.thread_id.as_str(),
+            execution.outcome.run_id.as_str()
+        ),
+        ("thr", "run")
+    );
     assert!(execution.retries.is_empty());
 }
 
@@ -97,12 +151,29 @@ async fn invalid_input_names_the_failing_path_and_never_calls_the_tool() {
     let exec = executor(vec![tool.clone()]);
     let execution = run(&exec, "search", json!({"query": 42, "extra": true})).await;
     assert_eq!(error_code(&execution), ToolErrorCode::InvalidInput);
-    let ToolResultKind::Error { message, details, .. } = &execution.outcome.result else { unreachable!() };
+    let ToolResultKind::Error {
+        message, details, ..
+    } = &execution.outcome.result
+    else {
+        unreachable!()
+    };
     assert!(message.contains("/query"), "{message}");
-    assert!(details.as_ref().unwrap()["errors"].as_array().unwrap().len() >= 2, "both problems reported: {details:?}");
+    assert!(
+        details.as_ref().unwrap()["errors"]
+            .as_array()
+            .unwrap()
+            .len()
+            >= 2,
+        "both problems reported: {details:?}"
+    );
     let missing = run(&exec, "search", json!({})).await;
-    let ToolResultKind::Error { message, .. } = &missing.outcome.result else { unreachable!() };
-    assert!(message.contains("\"query\" is a required property"), "{message}");
+    let ToolResultKind::Error { message, .. } = &missing.outcome.result else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("\"query\" is a required property"),
+        "{message}"
+    );
     assert_eq!(tool.calls.load(Ordering::SeqCst), 0);
     assert_eq!(execution.outcome.attempts, 0);
 }
@@ -110,18 +181,41 @@ async fn invalid_input_names_the_failing_path_and_never_calls_the_tool() {
 #[tokio::test]
 async fn output_mismatch_is_repaired_when_a_coercion_suffices() {
     let schema = json!({"type": "object", "required": ["count", "unit"], "properties": {"count": {"type": "integer"}, "unit": {"type": "string", "default": "items"}}});
-    let tool = FnTool::new(spec("count").with_output_schema(Some(schema)), |_, _| Box::pin(async { Ok(json!({"count": "3"})) }));
+    let tool = FnTool::new(spec("count").with_output_schema(Some(schema)), |_, _| {
+        Box::pin(async { Ok(json!({"count": "3"})) })
+    });
     let execution = run(&executor(vec![tool]), "count", json!({"query": "x"})).await;
     assert_eq!(ok_data(&execution), &json!({"count": 3, "unit": "items"}));
-    assert_eq!(execution.outcome.repairs.len(), 2, "{:?}", execution.outcome.repairs);
-    assert!(execution.outcome.repairs.iter().any(|r| r.contains("coerced /count from \"3\" to 3")), "{:?}", execution.outcome.repairs);
-    assert!(execution.outcome.repairs.iter().any(|r| r.contains("filled missing /unit")));
+    assert_eq!(
+        execution.outcome.repairs.len(),
+        2,
+        "{:?}",
+        execution.outcome.repairs
+    );
+    assert!(
+        execution
+            .outcome
+            .repairs
+            .iter()
+            .any(|r| r.contains("coerced /count from \"3\" to 3")),
+        "{:?}",
+        execution.outcome.repairs
+    );
+    assert!(
+        execution
+            .outcome
+            .repairs
+            .iter()
+            .any(|r| r.contains("filled missing /unit"))
+    );
 }
 
 #[tokio::test]
 async fn output_mismatch_that_needs_invented_data_is_not_repaired() {
     let schema = json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}, "count": {"type": "integer"}}});
-    let tool = FnTool::new(spec("lookup").with_output_schema(Some(schema)), |_, _| Box::pin(async { Ok(json!({"count": "many"})) }));
+    let tool = FnTool::new(spec("lookup").with_output_schema(Some(schema)), |_, _| {
+        Box::pin(async { Ok(json!({"count": "many"})) })
+    });
     let execution = run(&executor(vec![tool]), "lookup", json!({"query": "x"})).await;
     assert_eq!(error_code(&execution), ToolErrorCode::OutputSchemaMismatch);
     assert!(execution.outcome.repairs.is_empty());
@@ -130,7 +224,13 @@ async fn output_mismatch_that_needs_invented_data_is_not_repaired() {
 #[tokio::test(start_paused = true)]
 async fn a_hanging_tool_times_out_on_each_attempt() {
     let tool = FnTool::new(
-        spec("slow").with_timeout(Duration::from_secs(2)).with_retry(RetryPolicy { max_attempts: 2, base_delay_ms: 100, max_delay_ms: 1_000 }),
+        spec("slow")
+            .with_timeout(Duration::from_secs(2))
+            .with_retry(RetryPolicy {
+                max_attempts: 2,
+                base_delay_ms: 100,
+                max_delay_ms: 1_000,
+            }),
         |_, _| Box::pin(std::future::pending()),
     );
     let started = tokio::time::Instant::now();
@@ -140,19 +240,27 @@ async fn a_hanging_tool_times_out_on_each_attempt() {
     assert_eq!(tool.calls.load(Ordering::SeqCst), 2);
     // Two 2 s timeouts plus one jittered wait, on the virtual clock.
     let elapsed = started.elapsed();
-    assert!(elapsed >= Duration::from_secs(4) && elapsed < Duration::from_secs(6), "{elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_secs(4) && elapsed < Duration::from_secs(6),
+        "{elapsed:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn rate_limits_and_server_errors_are_retried_with_decorrelated_jitter() {
     let tool = FnTool::new(
-        spec("flaky").with_retry(RetryPolicy { max_attempts: 4, base_delay_ms: 100, max_delay_ms: 2_000 }),
+        spec("flaky").with_retry(RetryPolicy {
+            max_attempts: 4,
+            base_delay_ms: 100,
+            max_delay_ms: 2_000,
+        }),
         |_, attempt| {
             Box::pin(async move {
                 match attempt {
                     1 => Err(ToolError::new(ToolErrorCode::RateLimited, "429")),
                     2 => Err(ToolError::new(ToolErrorCode::RetryableServer, "503")),
-                    3 => Err(ToolError::new(ToolErrorCode::RateLimited, "429").with_retry_after_ms(1_500)),
+                    3 => Err(ToolError::new(ToolErrorCode::RateLimited, "429")
+                        .with_retry_after_ms(1_500)),
                     _ => Ok(json!({"ok": true})),
                 }
             })
@@ -164,20 +272,40 @@ async fn rate_limits_and_server_errors_are_retried_with_decorrelated_jitter() {
     assert_eq!(execution.outcome.attempts, 4);
     let waits: Vec<u64> = execution.retries.iter().map(|r| r.wait_ms).collect();
     let codes: Vec<ToolErrorCode> = execution.retries.iter().map(|r| r.code).collect();
-    assert_eq!(codes, [ToolErrorCode::RateLimited, ToolErrorCode::RetryableServer, ToolErrorCode::RateLimited]);
+    assert_eq!(
+        codes,
+        [
+            ToolErrorCode::RateLimited,
+            ToolErrorCode::RetryableServer,
+            ToolErrorCode::RateLimited
+        ]
+    );
     // Decorrelated jitter: each wait is within [base, 3 × previous], capped; the server's
     // retry-after is honoured exactly.
     assert!((100..300).contains(&waits[0]), "{waits:?}");
-    assert!(waits[1] >= 100 && waits[1] < waits[0].max(100) * 3, "{waits:?}");
+    assert!(
+        waits[1] >= 100 && waits[1] < waits[0].max(100) * 3,
+        "{waits:?}"
+    );
     assert_eq!(waits[2], 1_500);
     let total: u64 = waits.iter().sum();
     let elapsed = started.elapsed().as_millis() as u64;
-    assert!(elapsed >= total && elapsed < total + 50, "virtual time {elapsed} vs waits {total}");
+    assert!(
+        elapsed >= total && elapsed < total + 50,
+        "virtual time {elapsed} vs waits {total}"
+    );
 }
 
 #[tokio::test]
 async fn non_retryable_errors_and_empty_results_are_not_retried() {
-    let empty = FnTool::new(spec("find"), |_, _| Box::pin(async { Err(ToolError::new(ToolErrorCode::NoResults, "nothing matched `zzz`")) }));
+    let empty = FnTool::new(spec("find"), |_, _| {
+        Box::pin(async {
+            Err(ToolError::new(
+                ToolErrorCode::NoResults,
+                "nothing matched `zzz`",
+            ))
+        })
+    });
     let exec = executor(vec![empty.clone()]);
     let execution = run(&exec, "find", json!({"query": "zzz"})).await;
     assert_eq!(error_code(&execution), ToolErrorCode::NoResults);
@@ -191,8 +319,12 @@ async fn pagination_walks_three_pages() {
     let tool = FnTool::new(spec("list"), move |args, _| {
         let items = items.clone();
         Box::pin(async move {
-            let request = PageRequest { page_token: args["page_token"].as_str().map(str::to_string), page_size: None };
-            let page = paginate(&items, &request, 100).map_err(|e| ToolError::invalid_input(e.to_string()))?;
+            let request = PageRequest {
+                page_token: args["page_token"].as_str().map(str::to_string),
+                page_size: None,
+            };
+            let page = paginate(&items, &request, 100)
+                .map_err(|e| ToolError::invalid_input(e.to_string()))?;
             Ok(serde_json::to_value(page).unwrap())
         })
     });
@@ -202,7 +334,13 @@ async fn pagination_walks_three_pages() {
     for _ in 0..3 {
         let execution = run(&exec, "list", json!({"query": "all", "page_token": token})).await;
         let data = ok_data(&execution).clone();
-        seen.extend(data["items"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()));
+        seen.extend(
+            data["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap()),
+        );
         token = data["next_token"].as_str().map(str::to_string);
     }
     assert_eq!(seen, (0..250).collect::<Vec<u64>>());
@@ -211,12 +349,23 @@ async fn pagination_walks_three_pages() {
 
 #[tokio::test]
 async fn payload_over_the_cap_is_truncated_with_a_notice() {
-    let tool = FnTool::new(spec("dump").with_max_payload_bytes(1_000), |_, _| Box::pin(async { Ok(json!({"text": "x".repeat(5_000)})) }));
+    let tool = FnTool::new(spec("dump").with_max_payload_bytes(1_000), |_, _| {
+        Box::pin(async { Ok(json!({"text": "x".repeat(5_000)})) })
+    });
     let execution = run(&executor(vec![tool]), "dump", json!({"query": "x"})).await;
-    let ToolResultKind::Ok { data, truncated, .. } = &execution.outcome.result else { panic!() };
+    let ToolResultKind::Ok {
+        data, truncated, ..
+    } = &execution.outcome.result
+    else {
+        panic!()
+    };
     assert!(*truncated);
     let text = data.as_str().unwrap();
-    assert!(text.contains("[OUTPUT TRUNCATED: showing 1000 of 5011 bytes from dump"), "{}", &text[text.len() - 120..]);
+    assert!(
+        text.contains("[OUTPUT TRUNCATED: showing 1000 of 5011 bytes from dump"),
+        "{}",
+        &text[text.len() - 120..]
+    );
     assert!(text.len() < 1_200);
 }
 
@@ -235,12 +384,29 @@ async fn three_read_only_tools_run_concurrently_and_results_keep_call_order() {
     let calls: Vec<ToolCall> = ["a", "b", "c"]
         .iter()
         .enumerate()
-        .map(|(i, name)| ToolCall { id: format!("c{i}"), name: name.to_string(), arguments: "{\"query\":\"q\"}".into() })
+        .map(|(i, name)| ToolCall {
+            id: format!("c{i}"),
+            name: name.to_string(),
+            arguments: "{\"query\":\"q\"}".into(),
+        })
         .collect();
     let started = Instant::now();
-    let results: Vec<_> = exec.execute_ordered(calls, CallEnv { thread_id: "t", run_id: "r", cancel: &cancel }).collect().await;
+    let results: Vec<_> = exec
+        .execute_ordered(
+            calls,
+            CallEnv {
+                thread_id: "t",
+                run_id: "r",
+                cancel: &cancel,
+            },
+        )
+        .collect()
+        .await;
     let wall = started.elapsed();
-    assert!(wall < Duration::from_millis(450), "three 200 ms tools took {wall:?}");
+    assert!(
+        wall < Duration::from_millis(450),
+        "three 200 ms tools took {wall:?}"
+    );
     let order: Vec<&str> = results.iter().map(|(call, _)| call.id.as_str()).collect();
     assert_eq!(order, ["c0", "c1", "c2"]);
     assert!(results.iter().all(|(_, e)| e.outcome.is_ok()));
@@ -264,15 +430,36 @@ async fn mutating_tools_never_overlap() {
     let exec = executor(vec![make("write_a"), make("write_b")]);
     let cancel = CancellationToken::new();
     let calls = vec![
-        ToolCall { id: "1".into(), name: "write_a".into(), arguments: "{\"query\":\"q\"}".into() },
-        ToolCall { id: "2".into(), name: "write_b".into(), arguments: "{\"query\":\"q\"}".into() },
+        ToolCall {
+            id: "1".into(),
+            name: "write_a".into(),
+            arguments: "{\"query\":\"q\"}".into(),
+        },
+        ToolCall {
+            id: "2".into(),
+            name: "write_b".into(),
+            arguments: "{\"query\":\"q\"}".into(),
+        },
     ];
-    let results: Vec<_> = exec.execute_ordered(calls, CallEnv { thread_id: "t", run_id: "r", cancel: &cancel }).collect().await;
+    let results: Vec<_> = exec
+        .execute_ordered(
+            calls,
+            CallEnv {
+                thread_id: "t",
+                run_id: "r",
+                cancel: &cancel,
+            },
+        )
+        .collect()
+        .await;
     assert!(results.iter().all(|(_, e)| e.outcome.is_ok()));
     let mut recorded = intervals.lock().unwrap().clone();
     recorded.sort();
     assert_eq!(recorded.len(), 2);
-    assert!(recorded[0].1 <= recorded[1].0, "mutating tools overlapped: {recorded:?}");
+    assert!(
+        recorded[0].1 <= recorded[1].0,
+        "mutating tools overlapped: {recorded:?}"
+    );
 }
 
 #[tokio::test]

@@ -1,10 +1,18 @@
 //! Planner modes, control tools and critics, driven by scripted models.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::sync::Arc;
 
 use keel_core::planner::PlannerMode;
-use keel_core::{Budget, EndState, EventKind, EventStore, MemoryStore, Message, RuleCritic, ToolRegistry};
+use keel_core::{
+    Budget, EndState, EventKind, EventStore, MemoryStore, Message, RuleCritic, ToolRegistry,
+};
 use keel_runtime::{Agent, RunContext, Thread};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::json;
@@ -19,14 +27,22 @@ fn calculator() -> ToolRegistry {
 async fn structured_planner_reasks_once_on_invalid_output_then_succeeds() {
     let model = Arc::new(ScriptedModel::new(vec![
         ScriptStep::text("I will use the calculator to compute 6*7."),
-        ScriptStep::text("{\"action\": \"call_tool\", \"name\": \"calculator\", \"args\": {\"expression\": \"6*7\"}}"),
+        ScriptStep::text(
+            "{\"action\": \"call_tool\", \"name\": \"calculator\", \"args\": {\"expression\": \"6*7\"}}",
+        ),
         ScriptStep::text("```json\n{\"action\": \"stop\", \"reason\": \"6*7 = 42\"}\n```"),
     ]));
-    let agent = Agent::builder("planner", model.clone()).tools(calculator()).planner_mode(PlannerMode::Structured).build();
+    let agent = Agent::builder("planner", model.clone())
+        .tools(calculator())
+        .planner_mode(PlannerMode::Structured)
+        .build();
     let store = Arc::new(MemoryStore::new());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
-    let outcome = agent.run(vec![Message::user("what is 6*7?")], &mut thread, &ctx).await.unwrap();
+    let outcome = agent
+        .run(vec![Message::user("what is 6*7?")], &mut thread, &ctx)
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Done), "{outcome:?}");
     assert_eq!(outcome.final_text.as_deref(), Some("6*7 = 42"));
     assert_eq!(outcome.tool_calls.len(), 1);
@@ -42,21 +58,60 @@ async fn structured_planner_reasks_once_on_invalid_output_then_succeeds() {
     let requests = model.requests();
     // No native tools are offered in structured mode; the action protocol is in the prompt.
     assert!(requests[0].tools.is_empty());
-    assert!(requests[0].system.as_deref().unwrap().contains("\"action\": \"call_tool\""));
+    assert!(
+        requests[0]
+            .system
+            .as_deref()
+            .unwrap()
+            .contains("\"action\": \"call_tool\"")
+    );
     // The re-ask tells the model what was wrong.
-    assert!(requests[1].messages.last().unwrap().text().contains("not a valid action"));
+    assert!(
+        requests[1]
+            .messages
+            .last()
+            .unwrap()
+            .text()
+            .contains("not a valid action")
+    );
     // Tool results come back as observations in plain text.
-    assert!(requests[2].messages.last().unwrap().text().starts_with("Observation: calculator"));
+    assert!(
+        requests[2]
+            .messages
+            .last()
+            .unwrap()
+            .text()
+            .starts_with("Observation: calculator")
+    );
     assert!(requests[2].messages.last().unwrap().text().contains("42"));
 }
 
 #[tokio::test]
 async fn structured_planner_gives_up_after_bounded_reasks() {
-    let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text("no"), ScriptStep::text("still no"), ScriptStep::text("nope")]));
-    let agent = Agent::builder("planner", model).tools(calculator()).planner_mode(PlannerMode::Structured).build();
-    let outcome = agent.run(vec![Message::user("6*7?")], &mut Thread::new(), &RunContext::default()).await.unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::text("no"),
+        ScriptStep::text("still no"),
+        ScriptStep::text("nope"),
+    ]));
+    let agent = Agent::builder("planner", model)
+        .tools(calculator())
+        .planner_mode(PlannerMode::Structured)
+        .build();
+    let outcome = agent
+        .run(
+            vec![Message::user("6*7?")],
+            &mut Thread::new(),
+            &RunContext::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Failed));
-    assert!(outcome.reason.unwrap().contains("no valid action after 2 re-asks"));
+    assert!(
+        outcome
+            .reason
+            .unwrap()
+            .contains("no valid action after 2 re-asks")
+    );
 }
 
 #[tokio::test]
@@ -67,14 +122,30 @@ async fn a_rule_critic_sends_an_unsupported_answer_back_with_its_gaps() {
         ScriptStep::text("Checked with the calculator: 42."),
     ]));
     let critic = RuleCritic::new().require_successful_call("calculator", &["expression"]);
-    let agent = Agent::builder("checked", model.clone()).tools(calculator()).critic(Arc::new(critic)).build();
+    let agent = Agent::builder("checked", model.clone())
+        .tools(calculator())
+        .critic(Arc::new(critic))
+        .build();
     let store = Arc::new(MemoryStore::new());
     let mut thread = Thread::new();
-    let outcome = agent.run(vec![Message::user("6*7?")], &mut thread, &RunContext::new(store.clone())).await.unwrap();
+    let outcome = agent
+        .run(
+            vec![Message::user("6*7?")],
+            &mut thread,
+            &RunContext::new(store.clone()),
+        )
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Done));
-    assert_eq!(outcome.final_text.as_deref(), Some("Checked with the calculator: 42."));
+    assert_eq!(
+        outcome.final_text.as_deref(),
+        Some("Checked with the calculator: 42.")
+    );
     let feedback = model.requests()[1].messages.last().unwrap().text();
-    assert!(feedback.contains("`calculator` was never called successfully"), "{feedback}");
+    assert!(
+        feedback.contains("`calculator` was never called successfully"),
+        "{feedback}"
+    );
     let verdicts: Vec<bool> = store
         .load(thread.id())
         .await
@@ -91,16 +162,35 @@ async fn a_rule_critic_sends_an_unsupported_answer_back_with_its_gaps() {
 
 #[tokio::test]
 async fn a_critic_that_is_never_satisfied_fails_the_run_after_the_limit() {
-    let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text("42"), ScriptStep::text("42!"), ScriptStep::text("42!!")]));
-    let critic = RuleCritic::new().require_in_answer("calculator", "mention that you used the calculator");
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::text("42"),
+        ScriptStep::text("42!"),
+        ScriptStep::text("42!!"),
+    ]));
+    let critic =
+        RuleCritic::new().require_in_answer("calculator", "mention that you used the calculator");
     let agent = Agent::builder("strict", model.clone())
         .critic(Arc::new(critic))
         .max_critic_rejections(2)
         .budget(Budget::unlimited().with_max_turns(10))
         .build();
-    let outcome = agent.run(vec![Message::user("6*7?")], &mut Thread::new(), &RunContext::default()).await.unwrap();
+    let outcome = agent
+        .run(
+            vec![Message::user("6*7?")],
+            &mut Thread::new(),
+            &RunContext::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Failed));
-    assert!(outcome.reason.as_deref().unwrap().contains("rejected the final answer 3 time(s)"), "{outcome:?}");
+    assert!(
+        outcome
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("rejected the final answer 3 time(s)"),
+        "{outcome:?}"
+    );
     model.assert_consumed();
 }
 
@@ -112,9 +202,19 @@ async fn replan_is_recorded_and_answered() {
     ]));
     let agent = Agent::builder("planner", model).tools(calculator()).build();
     let mut thread = Thread::new();
-    let outcome = agent.run(vec![Message::user("plan")], &mut thread, &RunContext::default()).await.unwrap();
+    let outcome = agent
+        .run(
+            vec![Message::user("plan")],
+            &mut thread,
+            &RunContext::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Done));
-    assert_eq!(thread.state().run().unwrap().subgoals, ["compute", "report"]);
+    assert_eq!(
+        thread.state().run().unwrap().subgoals,
+        ["compute", "report"]
+    );
 }
 
 #[test]

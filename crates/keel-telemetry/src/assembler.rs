@@ -453,6 +453,7 @@ impl SpanAssembler {
                 satisfied,
                 known_gaps,
                 next,
+                ..
             } => {
                 let mut a = run.base_attrs("critique");
                 a.insert(

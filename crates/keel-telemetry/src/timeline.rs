@@ -328,6 +328,7 @@ pub fn render_timeline(records: &[TraceRecord]) -> String {
                 satisfied,
                 next,
                 known_gaps,
+                ..
             } => format!(
                 "{}  critique: {}  next {}  gaps {}",
                 at(e.ts),

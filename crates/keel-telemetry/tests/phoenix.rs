@@ -341,7 +341,9 @@ async fn a_live_scripted_run_is_exported_to_phoenix() {
         metrics: false,
         ..TelemetryConfig::default()
     };
-    config.resource_attributes.insert("openinference.project.name".into(), project.clone());
+    config
+        .resource_attributes
+        .insert("openinference.project.name".into(), project.clone());
     let sink = Arc::new(TelemetrySink::new(&config).unwrap());
 
     let model = Arc::new(ScriptedModel::new(vec![
@@ -353,7 +355,10 @@ async fn a_live_scripted_run_is_exported_to_phoenix() {
     let agent = Agent::builder("calc", model).tools(tools).build();
     let ctx = RunContext::default().with_observer(Arc::new(SinkObserver(sink.clone())));
     let mut thread = Thread::new();
-    let outcome = agent.run(vec![Message::user("17*23?")], &mut thread, &ctx).await.unwrap();
+    let outcome = agent
+        .run(vec![Message::user("17*23?")], &mut thread, &ctx)
+        .await
+        .unwrap();
     assert_eq!(outcome.end_state(), Some(EndState::Done));
     drop(ctx);
     let sink = Arc::try_unwrap(sink).unwrap_or_else(|_| panic!("sink still shared"));
@@ -362,17 +367,33 @@ async fn a_live_scripted_run_is_exported_to_phoenix() {
 
     let spans = fetch_spans(phoenix.http_port, &project, &outcome.trace_id, 4).await;
     let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
-    let root = spans.iter().find(|s| s["name"] == "invoke_agent calc").unwrap_or_else(|| panic!("{names:?}"));
+    let root = spans
+        .iter()
+        .find(|s| s["name"] == "invoke_agent calc")
+        .unwrap_or_else(|| panic!("{names:?}"));
     assert!(root["parent_id"].is_null());
     let root_id = root["context"]["span_id"].as_str().unwrap();
     let children: Vec<&Value> = spans.iter().filter(|s| s["parent_id"] == root_id).collect();
-    assert_eq!(children.iter().filter(|s| s["name"].as_str().unwrap().starts_with("chat ")).count(), 2, "{names:?}");
-    let tool = children.iter().find(|s| s["name"] == "execute_tool calculator").unwrap_or_else(|| panic!("{names:?}"));
+    assert_eq!(
+        children
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap().starts_with("chat "))
+            .count(),
+        2,
+        "{names:?}"
+    );
+    let tool = children
+        .iter()
+        .find(|s| s["name"] == "execute_tool calculator")
+        .unwrap_or_else(|| panic!("{names:?}"));
     let mut attrs = BTreeMap::new();
     flatten("", &tool["attributes"], &mut attrs);
     assert_eq!(attrs["gen_ai.tool.name"], "calculator");
     assert_eq!(attrs["keel.tool.outcome"], "ok");
-    let chat = children.iter().find(|s| s["name"].as_str().unwrap().starts_with("chat ")).unwrap();
+    let chat = children
+        .iter()
+        .find(|s| s["name"].as_str().unwrap().starts_with("chat "))
+        .unwrap();
     let mut attrs = BTreeMap::new();
     flatten("", &chat["attributes"], &mut attrs);
     assert_eq!(attrs["gen_ai.operation.name"], "chat");

@@ -43,6 +43,7 @@ fn scripted_run() -> Vec<keel_core::Event> {
             satisfied: true,
             known_gaps: vec![],
             next: keel_core::event::CriticNext::Stop,
+            next_tool: None,
         },
     );
     b.end(EndState::Done, Some("Risk: low."))

@@ -121,7 +121,16 @@ impl Editors {
             Ask::Question(text) => (&mut self.question, ChatPrompt::question(text)),
         };
         match editor.read_line(&prompt) {
-            Ok(Signal::Success(line)) => Input::Line(join_continuations(&line)),
+            Ok(Signal::Success(line)) => {
+                if matches!(ask, Ask::Chat) {
+                    // Write the entry to the history file now (reedline only writes on drop,
+                    // and the process may exit without dropping the editor).
+                    if let Err(error) = editor.sync_history() {
+                        eprintln!("keel chat: cannot write the history file: {error}");
+                    }
+                }
+                Input::Line(join_continuations(&line))
+            }
             Ok(Signal::CtrlC) => Input::Interrupted,
             Ok(Signal::CtrlD) => Input::Eof,
             Ok(_) => Input::Interrupted,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use keel_core::{CancellationToken, EventStore, Message};
 use keel_runtime::{Agent, RunContext, RunObserver, RunOutcome, Thread};
-use keel_telemetry::{TelemetryConfig, TelemetrySink};
+use keel_telemetry::TelemetrySink;
 
 use crate::CliError;
 use crate::agents::{self, AgentArgs, StoreArgs};
@@ -22,7 +22,7 @@ use render::{ChatPrinter, InlineApprovals, InlineUserInput};
 
 /// The history file, under the working directory.
 pub const HISTORY_FILE: &str = ".keel/chat_history";
-/// The trace directory, under the working directory.
+/// The trace directory, under the working directory, unless keel.toml says otherwise.
 pub const TRACE_DIR: &str = ".keel/traces";
 
 /// Flags of `keel chat`.
@@ -51,7 +51,7 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     let input = InputHandle::start(PathBuf::from(HISTORY_FILE))
         .map_err(|e| CliError::failure(format!("cannot start the input thread: {e}")))?;
     let printer = Arc::new(ChatPrinter::new());
-    let telemetry = start_telemetry();
+    let (telemetry, trace_dir) = start_telemetry();
     let mut context = RunContext::new(store.clone())
         .with_approval_mode(spec.approve.mode())
         .with_observer(printer.clone())
@@ -73,6 +73,7 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
         context,
         printer,
         telemetry,
+        trace_dir,
         last_trace: None,
         cost: SessionCost::default(),
     };
@@ -86,24 +87,32 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     result
 }
 
-/// Trace files for the session's runs (`.keel/traces/<trace_id>.jsonl`); a sink that
-/// cannot start is reported and the session runs without trace files.
-fn start_telemetry() -> Option<Arc<TelemetrySink>> {
-    let config = match TelemetryConfig::default().with_process_env() {
-        Ok(config) => TelemetryConfig {
-            trace_dir: Some(PathBuf::from(TRACE_DIR)),
-            ..config
-        },
+/// Telemetry for the session's runs, from `[telemetry]` of keel.toml (with `OTEL_*`
+/// variables applied): trace files (default `.keel/traces/<trace_id>.jsonl`) and OTLP export
+/// when configured. Returns the sink and the trace directory (`None` when trace files are
+/// off); a sink that cannot start is reported and the session runs without telemetry.
+fn start_telemetry() -> (Option<Arc<TelemetrySink>>, Option<PathBuf>) {
+    let config = match crate::config::get().telemetry.clone().with_process_env() {
+        Ok(mut config) => {
+            if config.trace_dir.is_none() {
+                config.trace_dir = Some(PathBuf::from(TRACE_DIR));
+            }
+            config
+        }
         Err(error) => {
             eprintln!("keel chat: telemetry disabled: {error}");
-            return None;
+            return (None, None);
         }
     };
+    let trace_dir = config
+        .trace_dir
+        .clone()
+        .filter(|dir| !dir.as_os_str().is_empty());
     match TelemetrySink::new(&config) {
-        Ok(sink) => Some(Arc::new(sink)),
+        Ok(sink) => (Some(Arc::new(sink)), trace_dir),
         Err(error) => {
             eprintln!("keel chat: telemetry disabled: {error}");
-            None
+            (None, None)
         }
     }
 }
@@ -124,6 +133,7 @@ struct Session {
     context: RunContext,
     printer: Arc<ChatPrinter>,
     telemetry: Option<Arc<TelemetrySink>>,
+    trace_dir: Option<PathBuf>,
     last_trace: Option<String>,
     cost: SessionCost,
 }
@@ -278,19 +288,16 @@ impl Session {
             println!("no run yet in this session");
             return;
         };
-        let path = keel_telemetry::trace_file_path(std::path::Path::new(TRACE_DIR), trace_id);
-        match &self.telemetry {
-            Some(sink) => {
+        println!("trace {trace_id}");
+        match (&self.telemetry, &self.trace_dir) {
+            (Some(sink), Some(dir)) => {
                 if let Err(error) = sink.flush().await {
-                    println!("warning: trace file may be incomplete: {error}");
+                    println!("warning: the trace file may be incomplete: {error}");
                 }
-                println!("trace {trace_id}");
+                let path = keel_telemetry::trace_file_path(dir, trace_id);
                 println!("file  {}", path.display());
             }
-            None => {
-                println!("trace {trace_id}");
-                println!("(trace files are disabled in this session)");
-            }
+            _ => println!("(trace files are off in this session)"),
         }
     }
 }

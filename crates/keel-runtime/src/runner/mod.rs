@@ -259,6 +259,7 @@ async fn critique_final_answer(
             satisfied: verdict.satisfied,
             known_gaps: verdict.known_gaps.clone(),
             next: verdict.next,
+            next_tool: verdict.next_tool.clone(),
         })
         .await?;
     if verdict.satisfied {

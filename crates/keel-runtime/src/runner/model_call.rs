@@ -78,11 +78,21 @@ fn system_prompt(agent: &Agent, journal: &Journal<'_>, final_summary: bool) -> O
     (!system.is_empty()).then_some(system)
 }
 
+/// The tool a critic's rejection requires the next call to use, as a tool choice.
+fn forced_tool_choice(journal: &Journal<'_>) -> Option<ToolChoice> {
+    journal
+        .state()
+        .run()
+        .and_then(|r| r.forced_tool.clone())
+        .map(ToolChoice::Tool)
+}
+
 fn build_request<'a>(
     agent: &'a Agent,
     messages: &'a [Message],
     system: Option<&'a str>,
     final_summary: bool,
+    forced: Option<&'a ToolChoice>,
 ) -> ModelRequest<'a> {
     ModelRequest {
         system,
@@ -91,7 +101,7 @@ fn build_request<'a>(
         tool_choice: if final_summary {
             &NO_TOOLS
         } else {
-            &agent.tool_choice
+            forced.unwrap_or(&agent.tool_choice)
         },
         temperature: agent.temperature,
         top_p: None,
@@ -134,7 +144,14 @@ pub(super) async fn call_model(
         }
         let (message_count, estimated) = {
             let messages = request_messages(agent, journal.state().messages());
-            let request = build_request(agent, &messages, system.as_deref(), final_summary);
+            let forced = forced_tool_choice(journal);
+            let request = build_request(
+                agent,
+                &messages,
+                system.as_deref(),
+                final_summary,
+                forced.as_ref(),
+            );
             (messages.len(), agent.model.estimate_tokens(&request))
         };
         let span = new_span_id();
@@ -236,7 +253,8 @@ fn measure(
     final_summary: bool,
 ) -> (TokenBudget, u64) {
     let messages = request_messages(agent, journal.state().messages());
-    let request = build_request(agent, &messages, system, final_summary);
+    let forced = forced_tool_choice(journal);
+    let request = build_request(agent, &messages, system, final_summary, forced.as_ref());
     (
         compaction::request_budget(agent, journal, &request),
         agent.model.estimate_tokens(&request),
@@ -256,7 +274,8 @@ async fn stream_answer(
     let ctx = journal.ctx();
     let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
     let messages = request_messages(agent, journal.state().messages());
-    let request = build_request(agent, &messages, system, final_summary);
+    let forced = forced_tool_choice(journal);
+    let request = build_request(agent, &messages, system, final_summary, forced.as_ref());
     let mut stream = agent.model.stream(request);
     let mut assembler = ResponseAssembler::new();
     loop {

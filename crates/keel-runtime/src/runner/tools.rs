@@ -404,6 +404,7 @@ async fn critique_observations(
                 satisfied: verdict.satisfied,
                 known_gaps: verdict.known_gaps.clone(),
                 next: verdict.next,
+                next_tool: verdict.next_tool.clone(),
             },
             new_span_id(),
         )];
