@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const RUNS: usize = 80;
+/// Kills that must land after a run's first event (the issue asks for at least 50).
+const REQUIRED_KILLS: usize = 50;
+/// Upper bound on runs, so a pathological machine fails instead of looping.
+const MAX_RUNS: usize = 200;
 const SEED: u64 = 0x5eed_cafe_f00d_0001;
 
 /// xorshift64*: a tiny seeded generator so kill times are reproducible.
@@ -109,7 +112,35 @@ fn killed_runs_resume_without_duplicates_or_losses() {
     let started = Instant::now();
     let mut killed = 0;
     let mut phases: HashMap<&'static str, usize> = HashMap::new();
-    for i in 0..RUNS {
+    // Calibrate kill times to this machine: a loaded CI box starts processes slower, and
+    // kills before the first event do not count.
+    let calibration = {
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(flags.clone());
+        args.extend([
+            "--thread".into(),
+            "calibration".into(),
+            "--output".into(),
+            "json".into(),
+            "compute 6*7".into(),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let start = Instant::now();
+        let out = output(keel(root, &refs));
+        assert!(
+            out.status.success(),
+            "calibration run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        u64::try_from(start.elapsed().as_millis()).unwrap().max(300)
+    };
+    let mut runs = 0;
+    for i in 0..MAX_RUNS {
+        let before_start = phases.get("before the first event").copied().unwrap_or(0);
+        if killed - before_start >= REQUIRED_KILLS {
+            break;
+        }
+        runs += 1;
         let thread = format!("crash_{i}");
         let mut args: Vec<String> = vec!["run".into()];
         args.extend(flags.clone());
@@ -121,7 +152,7 @@ fn killed_runs_resume_without_duplicates_or_losses() {
             "compute 6*7".into(),
         ]);
         let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let kill_at = Duration::from_millis(rng.below(300));
+        let kill_at = Duration::from_millis(rng.below(calibration));
         if run_and_kill(keel(root, &arg_refs), kill_at) {
             killed += 1;
             *phases
@@ -168,13 +199,13 @@ fn killed_runs_resume_without_duplicates_or_losses() {
     }
     let before_start = phases.get("before the first event").copied().unwrap_or(0);
     assert!(
-        killed - before_start >= 50,
-        "only {} of {RUNS} children were killed after their first event",
+        killed - before_start >= REQUIRED_KILLS,
+        "only {} of {runs} children were killed after their first event",
         killed - before_start
     );
     check_appends(root);
     eprintln!(
-        "{RUNS} runs, {killed} killed mid-run ({phases:?}), in {:?}",
+        "{runs} runs, {killed} killed mid-run ({phases:?}), in {:?}",
         started.elapsed()
     );
     // Kills between events (after a step's append, before the next) land in sub-millisecond
