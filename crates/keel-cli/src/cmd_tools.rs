@@ -114,7 +114,7 @@ impl keel_core::DynTool for DeclaredTool {
         &'a self,
         _args: serde_json::Value,
         _ctx: &'a keel_core::ToolContext,
-    ) -> futures_util_box::BoxFuture<'a, Result<serde_json::Value, keel_core::ToolError>> {
+    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, keel_core::ToolError>> {
         Box::pin(async {
             Err(keel_core::ToolError::new(
                 keel_core::ToolErrorCode::NotFound,
@@ -122,8 +122,4 @@ impl keel_core::DynTool for DeclaredTool {
             ))
         })
     }
-}
-
-mod futures_util_box {
-    pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 }

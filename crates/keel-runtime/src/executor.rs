@@ -303,37 +303,28 @@ impl ToolExecutor {
         let spec = compiled.tool.spec();
         let schema_validated = match (&compiled.output, &spec.output_schema) {
             (Some(validator), Some(schema)) => {
-                if schema_errors(validator, &data, "output").is_some() {
+                if let Some(mismatch) = schema_errors(validator, &data, "output") {
                     let mut repaired = data.clone();
                     let applied = crate::repair::repair(&mut repaired, schema);
-                    let still_wrong = schema_errors(validator, &repaired, "output");
-                    match still_wrong {
-                        None if crate::repair::within_bounds(&applied) && !applied.is_empty() => {
-                            data = repaired;
-                            repairs.extend(applied);
+                    let fixed = !applied.is_empty()
+                        && crate::repair::within_bounds(&applied)
+                        && schema_errors(validator, &repaired, "output").is_none();
+                    if !fixed {
+                        let error = mismatch.prefixed(&format!(
+                            "`{}` returned output that does not match its output schema (not repairable)",
+                            spec.name
+                        ));
+                        let mut details = error.details.clone().unwrap_or(Value::Null);
+                        if let Some(map) = details.as_object_mut() {
+                            map.insert("attempted_repairs".into(), serde_json::json!(applied));
                         }
-                        _ => {
-                            let error =
-                                schema_errors(validator, &data, "output").unwrap_or_else(|| {
-                                    ToolError::new(
-                                        ToolErrorCode::OutputSchemaMismatch,
-                                        "output does not match",
-                                    )
-                                });
-                            let error = error.prefixed(&format!(
-                                "`{}` returned output that does not match its output schema (not repairable)",
-                                spec.name
-                            ));
-                            let mut details = error.details.clone().unwrap_or(Value::Null);
-                            if let Some(map) = details.as_object_mut() {
-                                map.insert("attempted_repairs".into(), serde_json::json!(applied));
-                            }
-                            return error_kind(ToolError {
-                                details: Some(details),
-                                ..error
-                            });
-                        }
+                        return error_kind(ToolError {
+                            details: Some(details),
+                            ..error
+                        });
                     }
+                    data = repaired;
+                    repairs.extend(applied);
                 }
                 true
             }
