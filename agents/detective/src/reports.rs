@@ -1,6 +1,9 @@
-//! Risk reports: validation of a filed report (each problem names the field and the fix)
-//! and their storage as one JSON file per report in a directory.
+//! Risk reports: validation of a filed report (each problem names the field and the fix),
+//! their storage as one JSON file per report in a directory, and the idempotency index
+//! (`Idempotency-Key` → report id) kept next to them so a retry after a restart finds the
+//! report it already filed.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -203,6 +206,18 @@ pub fn validate(
     })
 }
 
+impl RiskReport {
+    /// Whether this report has exactly the content `new` would file (used to tell a retry
+    /// from a different report sent with a reused `Idempotency-Key`).
+    pub fn has_content_of(&self, new: &NewReport) -> bool {
+        self.release_id == new.release_id
+            && self.severity == new.severity
+            && self.findings == new.findings
+            && self.summary == new.summary
+            && self.recommendations == new.recommendations
+    }
+}
+
 /// True for ids safe to use as file names (`rr-` plus letters, digits and `-`).
 pub fn is_report_id(id: &str) -> bool {
     id.starts_with("rr-")
@@ -233,10 +248,8 @@ impl ReportStore {
     /// Writes a report (atomically: temporary file, then rename).
     pub async fn save(&self, report: &RiskReport) -> std::io::Result<PathBuf> {
         let path = self.dir.join(format!("{}.json", report.report_id));
-        let temporary = self.dir.join(format!(".{}.json.tmp", report.report_id));
         let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
-        tokio::fs::write(&temporary, text).await?;
-        tokio::fs::rename(&temporary, &path).await?;
+        write_atomically(&path, &text).await?;
         Ok(path)
     }
 
@@ -279,5 +292,74 @@ impl ReportStore {
                 .then(a.report_id.cmp(&b.report_id))
         });
         Ok(out)
+    }
+}
+
+/// Writes `bytes` to `path` so readers (and a restart after a crash) see the old content or
+/// the new one, never a part: a temporary file in the same directory, flushed to disk, then
+/// renamed over `path`.
+async fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = path.with_file_name(format!(".{name}.tmp"));
+    let mut file = tokio::fs::File::create(&temporary).await?;
+    file.write_all(bytes).await?;
+    file.sync_all().await?;
+    drop(file);
+    tokio::fs::rename(&temporary, path).await
+}
+
+/// The file of the idempotency index, in the reports directory.
+pub const IDEMPOTENCY_FILE: &str = "idempotency-keys.json";
+
+/// `Idempotency-Key` → report id, persisted as [`IDEMPOTENCY_FILE`] next to the reports.
+///
+/// The reports themselves stay the source of truth: [`IdempotencyIndex::load`] also takes
+/// the key of every report on disk, so a crash between writing a report and writing the
+/// index loses nothing.
+#[derive(Debug)]
+pub struct IdempotencyIndex {
+    path: PathBuf,
+    keys: BTreeMap<String, String>,
+}
+
+impl IdempotencyIndex {
+    /// The index of `store`'s directory: the index file (if any) plus the keys recorded in
+    /// the reports. A malformed index file is an error naming it (it is never silently
+    /// replaced, which would forget keys).
+    pub async fn load(store: &ReportStore) -> std::io::Result<Self> {
+        let path = store.dir().join(IDEMPOTENCY_FILE);
+        let mut keys: BTreeMap<String, String> = match tokio::fs::read(&path).await {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
+                std::io::Error::other(format!(
+                    "{} is not a JSON object of idempotency key → report id ({error}); fix or \
+                     delete it (it is rebuilt from the reports)",
+                    path.display()
+                ))
+            })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(error) => return Err(error),
+        };
+        for report in store.list(None).await? {
+            if let Some(key) = report.idempotency_key {
+                keys.entry(key).or_insert(report.report_id);
+            }
+        }
+        Ok(Self { path, keys })
+    }
+
+    /// The report id filed with `key`, if any.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.keys.get(key).map(String::as_str)
+    }
+
+    /// Records `key` → `report_id` and writes the index to disk (atomically).
+    pub async fn record(&mut self, key: &str, report_id: &str) -> std::io::Result<()> {
+        self.keys.insert(key.to_string(), report_id.to_string());
+        let text = serde_json::to_vec_pretty(&self.keys).map_err(std::io::Error::other)?;
+        write_atomically(&self.path, &text).await
     }
 }

@@ -6,12 +6,14 @@
 //! | `GET /releases` | `{"releases": [{"id", "version"}]}` |
 //! | `GET /releases/{id}/summary` | the release summary (404 for an unknown release) |
 //! | `GET /releases/{id}/test-details` | failing tests, suites, coverage by module |
-//! | `POST /risk-reports` | 201 `{report_id, ...}`; 422 naming the field and the fix |
+//! | `POST /risk-reports` | 201 `{report_id, ...}`; 422 naming the field and the fix; 415 unless `Content-Type: application/json`; the same `Idempotency-Key` again → 200 with the first report, or 409 when the body differs |
 //! | `GET /risk-reports/{id}` | the report (404 when unknown) |
 //! | `GET /risk-reports?release_id=` | `{"reports": [...]}`, oldest first |
 //! | `GET /health` | `{"status": "ok"}` |
+//!
+//! Idempotency keys are persisted next to the reports ([`IdempotencyIndex`]), so a retry
+//! after a restart gets the report filed before the restart.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use tokio::sync::{Mutex, oneshot};
 
 use crate::DetectiveError;
 use crate::fixtures::{self, Releases};
-use crate::reports::{self, FieldError, ReportStore, RiskReport};
+use crate::reports::{self, FieldError, IdempotencyIndex, ReportStore, RiskReport};
 
 /// The default port of the release service.
 pub const DEFAULT_PORT: u16 = 8787;
@@ -58,8 +60,9 @@ impl Default for ServiceConfig {
 struct AppState {
     releases: Releases,
     store: ReportStore,
-    /// Idempotency key → report id, for reports filed in this process's lifetime.
-    filed: Mutex<HashMap<String, String>>,
+    /// Idempotency key → report id, persisted next to the reports. The lock also makes
+    /// filing one report at a time, so two requests with one key cannot both file.
+    filed: Mutex<IdempotencyIndex>,
 }
 
 /// A running release service. Dropping it leaves the server running until the runtime
@@ -112,10 +115,16 @@ pub async fn serve(config: ServiceConfig) -> Result<RunningService, DetectiveErr
         path: config.reports_dir.display().to_string(),
         source,
     })?;
+    let filed = IdempotencyIndex::load(&store)
+        .await
+        .map_err(|source| DetectiveError::Io {
+            path: config.reports_dir.display().to_string(),
+            source,
+        })?;
     let state = Arc::new(AppState {
         releases,
         store,
-        filed: Mutex::new(HashMap::new()),
+        filed: Mutex::new(filed),
     });
     let addr = SocketAddr::from(([127, 0, 0, 1], config.port));
     let listener = tokio::net::TcpListener::bind(addr)
@@ -262,11 +271,36 @@ async fn test_details(State(state): State<Arc<AppState>>, Path(id): Path<String>
     }
 }
 
+/// Whether a `Content-Type` header value is JSON (`application/json`, any parameters such
+/// as `charset`, any letter case). Hand-written: a comparison of the media type, not worth
+/// a MIME crate.
+fn is_json_content_type(value: &str) -> bool {
+    value
+        .split(';')
+        .next()
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
 async fn file_report(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if !content_type.as_deref().is_some_and(is_json_content_type) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "the body must be JSON, but Content-Type is {}",
+                content_type.map_or_else(|| "missing".to_string(), |t| format!("`{t}`"))
+            ),
+            Some("Content-Type"),
+            Some("send the report as a JSON object with `Content-Type: application/json`".into()),
+        );
+    }
     let body: Value = match serde_json::from_slice(&body) {
         Ok(body) => body,
         Err(problem) => {
@@ -289,10 +323,34 @@ async fn file_report(
         .map(str::to_string)
         .filter(|k| !k.is_empty());
     let mut filed = state.filed.lock().await;
-    if let Some(existing) = key.as_ref().and_then(|k| filed.get(k))
-        && let Ok(Some(report)) = state.store.get(existing).await
+    if let Some(key) = &key
+        && let Some(existing) = filed.get(key)
     {
-        return (StatusCode::OK, axum::Json(report)).into_response();
+        match state.store.get(existing).await {
+            Ok(Some(report)) if report.has_content_of(&new) => {
+                return (StatusCode::OK, axum::Json(report)).into_response();
+            }
+            Ok(Some(report)) => {
+                return error(
+                    StatusCode::CONFLICT,
+                    "idempotency_conflict",
+                    format!(
+                        "Idempotency-Key `{key}` was already used to file report `{}` with a \
+                         different body; a key may only be reused to retry the same report",
+                        report.report_id
+                    ),
+                    Some("Idempotency-Key"),
+                    Some(
+                        "retry with the body sent first to get that report back, or use a new \
+                         Idempotency-Key to file a different report"
+                            .into(),
+                    ),
+                );
+            }
+            // The report file is gone: file it again under the same key.
+            Ok(None) => {}
+            Err(problem) => return storage_error(&state.store, &problem),
+        }
     }
     let report = RiskReport {
         report_id: format!("rr-{}", uuid::Uuid::now_v7().simple()),
@@ -305,22 +363,30 @@ async fn file_report(
         idempotency_key: key.clone(),
     };
     if let Err(problem) = state.store.save(&report).await {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "storage",
-            format!(
-                "cannot write the report to {}: {problem}",
-                state.store.dir().display()
-            ),
-            None,
-            None,
-        );
+        return storage_error(&state.store, &problem);
     }
-    if let Some(key) = key {
-        filed.insert(key, report.report_id.clone());
+    if let Some(key) = key
+        && let Err(problem) = filed.record(&key, &report.report_id).await
+    {
+        // The report is on disk and carries its key, so the index is rebuilt from it on
+        // the next start; this process still knows the key in memory.
+        tracing::warn!(%problem, report_id = %report.report_id, "cannot write the idempotency index");
     }
     tracing::info!(report_id = %report.report_id, release = %report.release_id, severity = %report.severity, "risk report filed");
     (StatusCode::CREATED, axum::Json(report)).into_response()
+}
+
+fn storage_error(store: &ReportStore, problem: &std::io::Error) -> Response {
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "storage",
+        format!(
+            "cannot use the reports directory {}: {problem}",
+            store.dir().display()
+        ),
+        None,
+        None,
+    )
 }
 
 async fn get_report(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {

@@ -47,6 +47,18 @@ async fn post(base: &str, body: Value, key: Option<&str>) -> (u16, Value) {
     )
 }
 
+/// The report files in `dir` (not the idempotency index or temporary files).
+fn report_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|entry| {
+            let name = entry.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("rr-") && name.ends_with(".json")
+        })
+        .count()
+}
+
 #[test]
 fn fixtures_cover_every_severity_edge_cases_and_failures() {
     let releases = fixtures::embedded().unwrap();
@@ -195,7 +207,97 @@ async fn the_same_idempotency_key_files_one_report() {
     let (second_status, second) = post(&service.base_url(), body, Some("thread:call-1")).await;
     assert_eq!((first_status, second_status), (201, 200));
     assert_eq!(first["report_id"], second["report_id"]);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    assert_eq!(report_files(dir.path()), 1);
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retry_after_a_restart_returns_the_same_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let body =
+        json!({"release_id": "v2.1.0", "severity": "high", "findings": ["2 payment tests fail"]});
+    let service = start(dir.path()).await;
+    let (status, first) = post(&service.base_url(), body.clone(), Some("thread:call-7")).await;
+    assert_eq!(status, 201, "{first}");
+    service.shutdown().await;
+
+    let again = start(dir.path()).await;
+    let (status, second) = post(&again.base_url(), body.clone(), Some("thread:call-7")).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second, first);
+    assert_eq!(report_files(dir.path()), 1, "no duplicate report");
+    again.shutdown().await;
+
+    // The reports stay the source of truth: without the index file, the key is still known.
+    std::fs::remove_file(dir.path().join(keel_detective::reports::IDEMPOTENCY_FILE)).unwrap();
+    let third = start(dir.path()).await;
+    let (status, answer) = post(&third.base_url(), body, Some("thread:call-7")).await;
+    assert_eq!((status, &answer["report_id"]), (200, &first["report_id"]));
+    assert_eq!(report_files(dir.path()), 1);
+    third.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reused_key_with_a_different_body_is_a_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = start(dir.path()).await;
+    let base = service.base_url();
+    let body = json!({"release_id": "v2.0.4", "severity": "medium", "findings": ["flaky UI test"]});
+    let (status, first) = post(&base, body, Some("thread:call-2")).await;
+    assert_eq!(status, 201);
+    let other = json!({"release_id": "v2.0.4", "severity": "low", "findings": ["flaky UI test"]});
+    let (status, answer) = post(&base, other, Some("thread:call-2")).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "idempotency_conflict");
+    assert_eq!(answer["error"]["field"], "Idempotency-Key");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("thread:call-2")
+            && message.contains(first["report_id"].as_str().unwrap())
+            && message.contains("different body"),
+        "{message}"
+    );
+    assert_eq!(report_files(dir.path()), 1, "nothing new filed");
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn reports_must_be_sent_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = start(dir.path()).await;
+    let base = service.base_url();
+    let body = json!({"release_id": "v2.1.0", "severity": "high", "findings": ["x"]}).to_string();
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{base}/risk-reports"))
+            .body(body.clone());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 415, "{content_type:?}");
+        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(answer["error"]["field"], "Content-Type", "{answer}");
+        assert!(
+            answer["error"]["fix"]
+                .as_str()
+                .unwrap()
+                .contains("application/json")
+        );
+    }
+    assert_eq!(report_files(dir.path()), 0);
+    let response = reqwest::Client::new()
+        .post(format!("{base}/risk-reports"))
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 201);
     service.shutdown().await;
 }
 
@@ -251,6 +353,7 @@ async fn invalid_reports_get_422_naming_the_field_and_the_fix() {
     }
     let response = reqwest::Client::new()
         .post(format!("{base}/risk-reports"))
+        .header("content-type", "application/json")
         .body("not json")
         .send()
         .await

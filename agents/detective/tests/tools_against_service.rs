@@ -120,3 +120,32 @@ async fn failures_are_typed_errors_the_model_can_act_on() {
     );
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reused_call_id_with_other_arguments_is_a_conflict_the_model_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (service, tools) = setup(dir.path(), None).await;
+    let file = tools.get("file_risk_report").unwrap();
+    file.call(
+        json!({"release_id": "v2.1.0", "severity": "high", "findings": ["2 payment tests fail"]}),
+        &ctx(),
+    )
+    .await
+    .unwrap();
+    // Same thread and call id (so the same Idempotency-Key), different report.
+    let error = file
+        .call(
+            json!({"release_id": "v2.1.0", "severity": "low", "findings": ["all fine"]}),
+            &ctx(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::InvalidInput);
+    assert_eq!(error.details.as_ref().unwrap()["status"], 409);
+    assert!(
+        error.message.contains("Idempotency-Key") && error.message.contains("Fix:"),
+        "{}",
+        error.message
+    );
+    service.shutdown().await;
+}

@@ -104,10 +104,11 @@ pub struct AgentArgs {
     /// System instructions for the agent.
     #[arg(long, value_name = "TEXT")]
     pub instructions: Option<String>,
-    /// Which calls need approval: auto (tools declared so), ask (every call), deny (deny them).
-    /// Without a terminal on stdin, a call needing approval pauses the run (exit 10).
-    #[arg(long, value_enum, default_value_t = ApproveFlag::Auto)]
-    pub approve: ApproveFlag,
+    /// Which calls need approval: auto (tools declared so; the default), ask (every call),
+    /// deny (deny them). Without a terminal on stdin, a call needing approval pauses the
+    /// run (exit 10).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub approve: Option<ApproveFlag>,
     /// An agent file (instructions, declared HTTP tools, budget, critic), e.g.
     /// agents/detective/agent.toml. See docs/detective.md.
     #[arg(long, value_name = "FILE")]
@@ -118,9 +119,17 @@ pub struct AgentArgs {
     /// Override the model's context window, in tokens.
     #[arg(long, value_name = "TOKENS")]
     pub context_window: Option<u32>,
+    /// Maximum output tokens per model call (also what the context budget reserves for the
+    /// answer; by default the model's limit, at most a quarter of the context window).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_output_tokens: Option<u32>,
 }
 
-/// The agent flags as data (the payload of `keel submit`).
+/// The agent flags as data: the payload of `keel submit`, and — resolved (model chosen,
+/// agent file hashed) — the recipe every run records in its `RunStarted` event, from
+/// which `keel resume`, `approve`, `deny`, `reply` and workers rebuild the agent with no
+/// flags (see [`crate::recorded`]). It never holds secrets: API keys are read from the
+/// environment again when the agent is rebuilt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentSpec {
     /// `--model`.
@@ -147,12 +156,18 @@ pub struct AgentSpec {
     /// `--agent`, made absolute.
     #[serde(default)]
     pub agent: Option<PathBuf>,
+    /// SHA-256 of the agent file when the run started (set when resolved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_sha256: Option<String>,
     /// `--context-strategy`.
     #[serde(default)]
     pub context_strategy: Option<String>,
     /// `--context-window`.
     #[serde(default)]
     pub context_window: Option<u32>,
+    /// `--max-output-tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
 }
 
 impl AgentArgs {
@@ -172,7 +187,7 @@ impl AgentArgs {
             tools: self.tools.clone(),
             max_turns: self.max_turns,
             instructions: self.instructions.clone(),
-            approve: self.approve,
+            approve: self.approve.unwrap_or_default(),
             agent: match &self.agent {
                 Some(path) => Some(
                     std::path::absolute(path)
@@ -180,8 +195,10 @@ impl AgentArgs {
                 ),
                 None => None,
             },
+            agent_sha256: None,
             context_strategy: self.context_strategy.clone(),
             context_window: self.context_window,
+            max_output_tokens: self.max_output_tokens,
         })
     }
 }
@@ -199,17 +216,18 @@ impl AgentSpec {
     /// already has: a script continues at that step (0 for a new run).
     pub fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
         let config = crate::config::get();
+        let mut resolved = self.clone();
         let agent_file = match &self.agent {
             Some(path) => {
                 let mut file = keel_detective::AgentFile::load(path)
                     .map_err(|e| CliError::usage(format!("--agent {}: {e}", path.display())))?;
+                resolved.agent_sha256 = Some(crate::recorded::file_sha256(path)?);
                 if let Some(turns) = self.max_turns {
                     file.budget.max_turns = Some(turns);
                 }
                 if let Some(instructions) = &self.instructions {
                     file.instructions.clone_from(instructions);
                 }
-                file.builtin_tools.extend(self.tools.iter().cloned());
                 Some(file)
             }
             None => None,
@@ -226,6 +244,7 @@ impl AgentSpec {
                     .or_else(|| agent_file.as_ref().and_then(|f| f.model.clone()))
                     .or_else(|| config.defaults.model.clone())
                     .unwrap_or_else(models::default_model_spec);
+                resolved.model = Some(spec.clone());
                 let selected = models::select(&ModelArgs {
                     model: Some(spec),
                     base_url: self.base_url.clone(),
@@ -240,8 +259,26 @@ impl AgentSpec {
         let mut builder = match &agent_file {
             Some(file) => {
                 let env = |name: &str| std::env::var(name).ok();
-                keel_detective::agent_file::agent_builder(file, model, &env)
-                    .map_err(|e| CliError::usage(format!("agent file: {e}")))?
+                let builder = keel_detective::agent_file::agent_builder(file, model, &env)
+                    .map_err(|e| CliError::usage(format!("agent file: {e}")))?;
+                if self.tools.is_empty() {
+                    builder
+                } else {
+                    // `--tool` adds tools from the whole catalog (built-in, keel.toml, MCP)
+                    // to the file's own.
+                    let mut tools = file
+                        .tool_registry_with_env(&env)
+                        .map_err(|e| CliError::usage(format!("agent file: {e}")))?;
+                    let extra = select_tools(&self.tools)?;
+                    for name in extra.names() {
+                        if let Some(tool) = extra.get(name).filter(|_| tools.get(name).is_none()) {
+                            tools
+                                .register(tool.clone())
+                                .map_err(|e| CliError::usage(format!("--tool {name}: {e}")))?;
+                        }
+                    }
+                    builder.tools(tools)
+                }
             }
             None => {
                 let tools = select_tools(&self.tools)?;
@@ -273,6 +310,15 @@ impl AgentSpec {
             }
             builder = builder.context_window(window);
         }
+        if let Some(tokens) = self.max_output_tokens {
+            if tokens == 0 {
+                return Err(CliError::usage("--max-output-tokens must be at least 1"));
+            }
+            builder = builder.max_output_tokens(Some(tokens));
+        }
+        let recipe = serde_json::to_value(&resolved)
+            .map_err(|e| CliError::failure(format!("cannot record the agent definition: {e}")))?;
+        builder = builder.recipe(recipe);
         Ok(Built {
             agent: builder.build(),
             scripted,

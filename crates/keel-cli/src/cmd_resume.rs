@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use keel_core::{CancellationToken, EventStore, Message, RunState};
+use keel_core::{CancellationToken, EventStore, Message};
 use keel_runtime::thread::HumanInputError;
 use keel_runtime::{RunOutcome, RunStatus, Thread};
 use serde_json::json;
@@ -14,6 +14,7 @@ use crate::CliError;
 use crate::agents::{self, AgentArgs, AgentSpec, StoreArgs};
 use crate::cmd_run::{report, spawn_ctrl_c_handler};
 use crate::output::OutputFormat;
+use crate::recorded;
 
 /// Flags of `keel resume`.
 #[derive(Debug, clap::Args)]
@@ -78,11 +79,12 @@ pub struct ReplyArgs {
     pub answer: Vec<String>,
 }
 
-/// Runs `keel resume`.
+/// Runs `keel resume`: the agent is rebuilt from the run's recorded definition (flags
+/// given explicitly override it, with a notice).
 pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
     let store = args.store.events().await?;
-    let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+    let thread = load_existing(store.as_ref(), &args.thread).await?;
+    let (outcome, scripted) = continue_thread(&args.agent, store, thread, args.output).await?;
     report(
         &outcome,
         args.output,
@@ -91,15 +93,21 @@ pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
     )
 }
 
-/// Runs `keel approve` (`approve = true`) or `keel deny`.
+/// Runs `keel approve` (`approve = true`) or `keel deny`. The log is read once: the
+/// decision is recorded on the loaded thread, which then continues.
 pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
-    if !args.no_resume {
-        // Check the flags before anything is written.
-        spec.build(0)?;
-    }
     let store = args.store.events().await?;
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
+    let spec = recorded::spec_for_thread(&thread, &args.agent)?;
+    if !args.no_resume {
+        // Check that the run's agent can be rebuilt and continue it before anything is
+        // written.
+        let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
+        built
+            .agent
+            .check_resumable(&thread)
+            .map_err(agents::run_error)?;
+    }
     let context = keel_runtime::RunContext::new(store.clone());
     let recorded = if approve {
         thread
@@ -124,29 +132,33 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
         }
         return Ok(0);
     }
-    let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+    let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
     report(&outcome, args.output, scripted.as_ref(), None)
 }
 
 /// Runs `keel reply`: answers the question a run in progress waits on and continues it,
 /// or — when the last run ended (e.g. `clarify_needed`) — starts a new run on the thread
-/// with the answer as the user message.
+/// with the answer as the user message, with the agent of the thread's last run.
 pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
     let store = args.store.events().await?;
     let answer = args.answer.join(" ");
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
+    let spec = recorded::spec_for_thread(&thread, &args.agent)?;
     if thread.state().run_in_progress() {
-        spec.build(0)?;
+        let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
+        built
+            .agent
+            .check_resumable(&thread)
+            .map_err(agents::run_error)?;
         let context = keel_runtime::RunContext::new(store.clone());
         thread
             .answer_user(&context, &answer)
             .await
             .map_err(human_error)?;
-        let (outcome, scripted) = continue_thread(&spec, store, &args.thread, args.output).await?;
+        let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
         return report(&outcome, args.output, scripted.as_ref(), None);
     }
-    let built = spec.build(0)?;
+    let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
     let context = spec.context(store, args.output, true, cancel);
@@ -158,51 +170,65 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
     report(&outcome, args.output, built.scripted.as_ref(), None)
 }
 
-/// Continues the run in progress on a stored thread (a scripted model continues at the
-/// step the run reached); when its last run already ended, returns that run's outcome.
+/// Continues the run in progress on a loaded thread with the agent its log records
+/// (explicit `flags` override it); when its last run already ended, returns that run's
+/// outcome.
 pub async fn continue_thread(
-    spec: &AgentSpec,
+    flags: &AgentArgs,
     store: Arc<dyn EventStore>,
-    thread_id: &str,
+    thread: Thread,
     output: OutputFormat,
 ) -> Result<(RunOutcome, Option<Arc<keel_testkit::ScriptedModel>>), CliError> {
-    let events = store
-        .load(thread_id)
-        .await
-        .map_err(|e| CliError::failure(format!("cannot load thread {thread_id}: {e}")))?;
-    if events.is_empty() {
-        return Err(CliError::failure(format!(
-            "thread {thread_id} has no events: nothing to resume (start it with `keel run --thread {thread_id} MESSAGE`)"
-        )));
-    }
-    let state = RunState::from_events(thread_id, &events);
-    let Some(run) = state.run() else {
+    let spec = recorded::spec_for_thread(&thread, flags)?;
+    continue_with(&spec, store, thread, output).await
+}
+
+/// Continues the run in progress on `thread` with the agent `spec` builds (a scripted
+/// model continues at the step the run reached).
+async fn continue_with(
+    spec: &AgentSpec,
+    store: Arc<dyn EventStore>,
+    mut thread: Thread,
+    output: OutputFormat,
+) -> Result<(RunOutcome, Option<Arc<keel_testkit::ScriptedModel>>), CliError> {
+    let thread_id = thread.id().to_string();
+    let Some(run) = thread.state().run() else {
         return Err(CliError::failure(format!(
             "thread {thread_id} has no run to resume"
         )));
     };
     if let Some(end_state) = run.ended {
         let outcome = RunOutcome::from_run_events(
-            thread_id,
+            &thread_id,
             &run.run_id,
-            &events,
+            thread.run_events(),
             RunStatus::Ended { end_state },
         );
         return Ok((outcome, None));
     }
-    let built = spec.build(agents::consumed_steps(&events, &run.run_id))?;
+    let built = spec
+        .build(agents::consumed_steps(thread.run_events(), &run.run_id))
+        .map_err(|e| rebuild_error(&thread_id, e))?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
-    let context = spec.context(store.clone(), output, true, cancel);
-    let mut thread = Thread::load(store.as_ref(), thread_id)
-        .await
-        .map_err(|e| CliError::failure(format!("cannot load thread {thread_id}: {e}")))?;
+    let context = spec.context(store, output, true, cancel);
     let outcome = built
         .agent
         .resume(&mut thread, &context)
         .await
         .map_err(agents::run_error)?;
     Ok((outcome, built.scripted))
+}
+
+/// A failure to rebuild a run's agent, said in terms of the thread.
+fn rebuild_error(thread_id: &str, error: CliError) -> CliError {
+    CliError {
+        code: error.code,
+        message: format!(
+            "cannot rebuild the agent of thread {thread_id}'s run: {}",
+            error.message
+        ),
+    }
 }
 
 /// Loads a thread that must exist.

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_core::{CancellationToken, EventKind, EventStore, Message, RunState, new_id};
+use keel_core::{CancellationToken, EventKind, EventStore, Message, new_id};
 use keel_runtime::{RunContext, Thread};
 use keel_store::{Lease, QueueError, RunQueue};
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,7 @@ use tokio::sync::{Mutex, watch};
 use crate::CliError;
 use crate::agents::{self, AgentArgs, AgentSpec, StoreArgs};
 use crate::output::OutputFormat;
+use crate::recorded;
 
 /// Flags of `keel submit`.
 #[derive(Debug, clap::Args)]
@@ -255,6 +256,13 @@ enum JobFailure {
     Transient(String),
 }
 
+/// A worker's run context: no terminal, approvals pause the run.
+fn worker_context(store: Arc<dyn EventStore>, spec: &AgentSpec) -> RunContext {
+    RunContext::new(store)
+        .with_cancel(CancellationToken::new())
+        .with_approval_mode(spec.approve.mode())
+}
+
 /// Starts or resumes the job's run; returns a one-line status.
 async fn drive(
     store: Arc<dyn EventStore>,
@@ -264,27 +272,25 @@ async fn drive(
     use JobFailure::{Permanent, Transient};
     let job: JobPayload =
         serde_json::from_value(payload).map_err(|e| Permanent(format!("bad job payload: {e}")))?;
-    let events = store
-        .load(thread_id)
-        .await
-        .map_err(|e| Transient(format!("cannot load thread: {e}")))?;
-    let state = RunState::from_events(thread_id, &events);
-    let started_here = events
-        .iter()
-        .any(|e| e.seq >= job.base_seq && matches!(e.kind, EventKind::RunStarted { .. }));
-    let context = RunContext::new(store.clone())
-        .with_cancel(CancellationToken::new())
-        .with_approval_mode(job.agent.approve.mode());
+    // The log is read once; the thread keeps its latest run's events.
     let mut thread = Thread::load(store.as_ref(), thread_id)
         .await
         .map_err(|e| Transient(format!("cannot load thread: {e}")))?;
-    let resumed = state.run_in_progress();
-    let outcome = match state.run() {
+    let started_here = thread
+        .run_events()
+        .iter()
+        .any(|e| e.seq >= job.base_seq && matches!(e.kind, EventKind::RunStarted { .. }));
+    let resumed = thread.state().run_in_progress();
+    let outcome = match thread.state().run() {
         Some(run) if resumed => {
-            let built = job
-                .agent
-                .build(agents::consumed_steps(&events, &run.run_id))
+            // The run's own record of its agent wins over the submitted flags.
+            let spec = recorded::recorded_spec(thread.run_events())
+                .map_err(|e| Permanent(e.message))?
+                .unwrap_or_else(|| job.agent.clone());
+            let built = spec
+                .build(agents::consumed_steps(thread.run_events(), &run.run_id))
                 .map_err(|e| Permanent(e.message))?;
+            let context = worker_context(store.clone(), &spec);
             built.agent.resume(&mut thread, &context).await
         }
         Some(run) if started_here => {
@@ -295,6 +301,7 @@ async fn drive(
         }
         _ => {
             let built = job.agent.build(0).map_err(|e| Permanent(e.message))?;
+            let context = worker_context(store.clone(), &job.agent);
             built
                 .agent
                 .run(

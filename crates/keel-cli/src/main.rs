@@ -21,11 +21,13 @@ mod cmd_worker;
 mod config;
 mod models;
 mod output;
+mod recorded;
 mod telemetry;
 mod test_tools;
 mod tools;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -190,10 +192,25 @@ fn main() -> ExitCode {
             Command::Config { command } => cmd_config::run(command, config_path.as_deref()),
             Command::Detective { command } => cmd_detective::run(command).await,
         };
-        config::shutdown().await;
-        tools::shutdown().await;
+        // Bounded: a stuck exporter or MCP server must not keep the process alive.
+        let limit = Duration::from_millis(config::get().telemetry.export_timeout_ms)
+            + Duration::from_secs(5);
+        if tokio::time::timeout(limit, config::shutdown())
+            .await
+            .is_err()
+        {
+            eprintln!("keel: telemetry did not stop within {limit:?}; exiting without it");
+        }
+        if tokio::time::timeout(limit, tools::shutdown())
+            .await
+            .is_err()
+        {
+            eprintln!("keel: MCP servers did not stop within {limit:?}; exiting without them");
+        }
         result
     });
+    // Dropping a runtime waits for every blocking task without limit; this does not.
+    runtime.shutdown_timeout(Duration::from_secs(5));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(error) => {

@@ -3,6 +3,17 @@
 //! read with `capture-pane`, polling with a bounded timeout. The model is a script
 //! (`examples/scripts/chat_*.json`), so nothing leaves the machine.
 //!
+//! Two things make this reliable on a loaded machine:
+//! - Keys are sent only when the line editor is reading (a fresh prompt is the last line
+//!   of the screen). Keys typed earlier reach a terminal still in cooked mode: the line
+//!   discipline turns Enter into `\n` (read later in raw mode as Ctrl-J, not Enter) and
+//!   swallows Ctrl-D as end-of-file, so the entry would never be sent.
+//! - Keel's exit status comes from the `sh` wrapper that runs it (it writes `$?` to a file),
+//!   not from tmux's `pane_dead_status`: tmux 3.3 built with libutempter can miss the
+//!   SIGCHLD of a pane process that exits while it removes the pane's utmp record, and then
+//!   never learns the status (the process stays a zombie). That, not keel, made this test
+//!   fail "keel chat did not exit" about 1 run in 4 under load.
+//!
 //! Needs tmux: `./scripts/install-test-deps` installs it.
 #![allow(
     clippy::unwrap_used,
@@ -16,8 +27,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// Longest wait for something to appear on the screen.
-const WAIT: Duration = Duration::from_secs(20);
+/// Longest wait for something to appear on the screen or for keel to exit (generous: the
+/// machine may be shared with builds; a pass never waits this long).
+const WAIT: Duration = Duration::from_secs(60);
+/// The chat prompt, as the last line of the screen when the editor waits for an entry.
+const CHAT_PROMPT: &str = "you>";
+/// The file, in the session's working directory, where the wrapper writes keel's exit status.
+const EXIT_FILE: &str = "keel-exit-status";
+/// Runs keel (`"$@"`), then writes its exit status atomically to the file `$0` and says so
+/// on the screen. The shell traps SIGINT (Ctrl-C reaches the whole foreground process
+/// group) so it outlives keel's cancelled turns; keel itself starts with default handlers.
+const WRAPPER: &str = r#"trap : INT; "$@"; status=$?; printf '%s\n' "$status" > "$0.tmp" && mv "$0.tmp" "$0"; printf '\n[keel exited with status %s]\n' "$status""#;
 
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -69,10 +89,13 @@ impl Tmux {
         let cwd = tmux.dir.path().to_str().unwrap().to_string();
         command.push(&cwd);
         command.extend(["-e", "KEEL_TEST_TOOLS=0", "-e", "NO_COLOR=1"]);
+        let exit_file = tmux.dir.path().join(EXIT_FILE);
+        let exit_file = exit_file.to_str().unwrap().to_string();
+        command.extend(["sh", "-c", WRAPPER, &exit_file]);
         command.push(env!("CARGO_BIN_EXE_keel"));
         command.push("chat");
         command.extend(args);
-        // Keep the pane after keel exits so its exit status can be read.
+        // Keep the pane after keel exits so the screen can still be read.
         command.extend([";", "set-option", "-t", "chat", "remain-on-exit", "on"]);
         let out = tmux.run(&command);
         assert!(
@@ -110,10 +133,30 @@ impl Tmux {
         );
     }
 
-    /// Types a line and presses Enter.
+    /// Waits for a fresh chat prompt, types a line and presses Enter.
     fn line(&self, text: &str) {
+        self.at_prompt(CHAT_PROMPT);
         self.type_text(text);
         self.keys("Enter");
+    }
+
+    /// Waits for the question `prompt` (e.g. `[y/N]`), types the answer and presses Enter.
+    fn answer(&self, prompt: &str, text: &str) {
+        self.at_prompt(prompt);
+        self.type_text(text);
+        self.keys("Enter");
+    }
+
+    /// Waits until the editor is reading: the last non-blank line of the screen ends with
+    /// `prompt` and nothing was typed after it.
+    fn at_prompt(&self, prompt: &str) -> String {
+        self.wait_until(&format!("the prompt {prompt:?}"), |screen| {
+            screen
+                .lines()
+                .rev()
+                .find(|line| !line.trim().is_empty())
+                .is_some_and(|line| line.trim_end().ends_with(prompt))
+        })
     }
 
     /// The whole pane, scrollback included, wrapped lines joined.
@@ -147,28 +190,20 @@ impl Tmux {
         self.wait_until(&format!("prompt #{n}"), |s| s.matches("you> ").count() >= n)
     }
 
-    /// Waits for the pane's process to exit and returns its status.
+    /// Waits for keel to exit and returns its exit status (written by the `sh` wrapper).
     fn wait_exit(&self) -> i32 {
+        let path = self.dir.path().join(EXIT_FILE);
         let deadline = Instant::now() + WAIT;
         loop {
-            let out = self.run(&[
-                "display-message",
-                "-p",
-                "-t",
-                "chat",
-                "#{pane_dead} status=#{pane_dead_status} signal=#{pane_dead_signal}",
-            ]);
-            let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if let Some(rest) = text.strip_prefix("1 status=") {
-                let (status, signal) = rest.split_once(" signal=").unwrap();
-                assert!(signal.is_empty(), "keel chat was killed by signal {signal}");
-                if !status.is_empty() {
-                    return status.parse().unwrap();
-                }
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                return text
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("exit status file {text:?}: {e}"));
             }
             if Instant::now() > deadline {
                 panic!(
-                    "keel chat did not exit (pane: {text:?}); the screen:\n{}",
+                    "keel chat did not exit within {WAIT:?}; the screen:\n{}",
                     self.screen()
                 );
             }
@@ -236,8 +271,7 @@ fn chat_streams_shows_tools_cancels_a_slow_turn_and_continues() {
     tmux.wait_prompts(4);
     // Multi-line input: a line ending with `\` continues.
     tmux.line("are you still \\");
-    tmux.wait_for("...> ");
-    tmux.line("there?");
+    tmux.answer("...>", "there?");
     tmux.wait_for("Still here after the cancelled turn.");
     tmux.wait_prompts(5);
 
@@ -255,6 +289,7 @@ fn chat_streams_shows_tools_cancels_a_slow_turn_and_continues() {
         "trace file {trace_line} does not exist"
     );
     // Ctrl-C at the prompt clears the line (nothing is sent: /cost still counts 4 runs).
+    tmux.at_prompt(CHAT_PROMPT);
     tmux.type_text("a draft that is discarded");
     tmux.wait_for("a draft that is discarded");
     tmux.keys("C-c");
@@ -276,6 +311,7 @@ fn chat_streams_shows_tools_cancels_a_slow_turn_and_continues() {
     );
 
     // (4) Ctrl-D ends the session with exit code 0.
+    tmux.at_prompt(CHAT_PROMPT);
     tmux.keys("C-d");
     assert_eq!(tmux.wait_exit(), 0, "screen:\n{}", tmux.screen());
 }
@@ -297,7 +333,7 @@ fn chat_asks_for_approvals_inline_and_exits_on_slash_exit() {
 
     tmux.line("compute 6*7");
     tmux.wait_for(r#"approve calculator {"expression":"6*7"}? [y/N]"#);
-    tmux.line("y");
+    tmux.answer("[y/N]", "y");
     let screen = tmux.wait_for("The approved answer is 42.");
     assert!(
         screen.contains("← calculator ok"),
@@ -307,7 +343,7 @@ fn chat_asks_for_approvals_inline_and_exits_on_slash_exit() {
 
     tmux.line("once more");
     tmux.wait_for(r#"approve calculator {"expression":"1+1"}? [y/N]"#);
-    tmux.line("n not now");
+    tmux.answer("[y/N]", "n not now");
     let screen = tmux.wait_for("You denied the calculation.");
     assert!(
         screen.contains("(denied: not now)"),

@@ -12,11 +12,14 @@
     missing_docs
 )]
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Rng, run_and_kill};
 use serde_json::Value;
 
 /// Kills that must land after a run's first event (the issue asks for at least 50).
@@ -24,20 +27,6 @@ const REQUIRED_KILLS: usize = 50;
 /// Upper bound on runs, so a pathological machine fails instead of looping.
 const MAX_RUNS: usize = 200;
 const SEED: u64 = 0x5eed_cafe_f00d_0001;
-
-/// xorshift64*: a tiny seeded generator so kill times are reproducible.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 const SCRIPT: &str = r#"{"steps": [
   {"text": "Working on it.", "delay_ms": 30, "tool_calls": [
@@ -76,25 +65,6 @@ fn agent_flags(store: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-/// Spawns a command and SIGKILLs it after `after`; returns whether it was killed mid-run.
-fn run_and_kill(mut command: Command, after: Duration) -> bool {
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while started.elapsed() < after {
-        if child.try_wait().unwrap().is_some() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    child.kill().unwrap(); // SIGKILL on Unix
-    child.wait().unwrap();
-    true
 }
 
 fn output(mut command: Command) -> Output {

@@ -9,56 +9,15 @@
     missing_docs
 )]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
 
+use std::process::Command;
+
+use common::{MockLlm, workspace_root};
 use serde_json::Value;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-struct MockServer {
-    child: Child,
-    base_url: String,
-}
-
-impl Drop for MockServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_mock() -> MockServer {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args([
-            "mock-llm",
-            "--script",
-            "examples/mock/calculator.json",
-            "--port",
-            "0",
-        ])
-        .current_dir(workspace_root())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let base_url = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .filter(|url| url.starts_with("http://127.0.0.1:"))
-        .unwrap_or_else(|| panic!("unexpected mock-llm banner: {line:?}"))
-        .to_string();
-    MockServer { child, base_url }
+fn start_mock() -> MockLlm {
+    MockLlm::start(&workspace_root(), "examples/mock/calculator.json")
 }
 
 #[test]

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::budget::Budget;
 use crate::decide::EndState;
+use crate::definition::AgentDefinition;
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::model::{ModelErrorKind, StopReason};
 use crate::tool::Effect;
@@ -79,6 +80,11 @@ pub enum EventKind {
         constraints: Vec<String>,
         /// The run's budget.
         budget: Budget,
+        /// The agent the run belongs to: how to rebuild it and what it looked like, so
+        /// the run can be continued from the log alone. Absent in logs written before
+        /// it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        definition: Option<Box<AgentDefinition>>,
     },
     /// A user message was added to the conversation.
     UserMessage {

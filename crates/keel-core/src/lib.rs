@@ -14,6 +14,7 @@ pub mod cancel;
 pub mod context;
 pub mod critic;
 pub mod decide;
+pub mod definition;
 pub mod event;
 pub mod message;
 pub mod model;
@@ -31,6 +32,7 @@ pub use budget::Budget;
 pub use cancel::CancellationToken;
 pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};
 pub use decide::{Action, EndState, decide};
+pub use definition::{AgentDefinition, AgentFingerprint, DefinitionComparison, ToolFingerprint};
 pub use event::{EVENT_SCHEMA_VERSION, Event, EventKind};
 pub use message::{Message, Part, Role, ToolCall, ToolResult, Usage};
 pub use model::{
@@ -44,7 +46,7 @@ pub use planner::{PlannerAction, PlannerMode};
 pub use policy::{PolicyDecision, PolicyStep, PolicyTable};
 pub use registry::{RegistryError, ToolRegistry};
 pub use state::RunState;
-pub use store::{EventStore, MemoryStore, StoreError};
+pub use store::{AppendDurability, EventStore, MemoryStore, StoreError};
 pub use tool::{
     ApprovalMode, DynTool, Effect, RetryPolicy, Tool, ToolContext, ToolDefinition, ToolSpec,
     TypedTool,

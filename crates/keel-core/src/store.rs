@@ -164,6 +164,19 @@ pub fn check_batch(
     Ok(())
 }
 
+/// How durable an append must be when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AppendDurability {
+    /// The store's configured level (for SQLite's default: survives a crash of the
+    /// process, may lose the last commits on power loss).
+    #[default]
+    Default,
+    /// On stable storage (fsynced) before returning, whatever the store's level. The
+    /// runtime asks for this for the batch that starts a mutating tool call.
+    Sync,
+}
+
 /// An append-only, per-thread event log.
 #[async_trait]
 pub trait EventStore: Send + Sync {
@@ -176,6 +189,20 @@ pub trait EventStore: Send + Sync {
         expected_next_seq: u64,
         events: &[Event],
     ) -> Result<(), StoreError>;
+
+    /// [`EventStore::append`] with an explicit durability request. Stores whose every
+    /// append is already on stable storage when it returns (memory has none to give,
+    /// Postgres commits synchronously) keep this default, which ignores `durability`.
+    async fn append_with(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        let _ = durability;
+        self.append(thread_id, expected_next_seq, events).await
+    }
 
     /// All events of a thread in order (empty when the thread does not exist).
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError>;

@@ -107,6 +107,17 @@ pub struct ToolSpec {
     pub effect: Effect,
     /// Whether calls need human approval.
     pub approval: ApprovalMode,
+    /// The tool deduplicates on [`ToolContext::idempotency_key`] (e.g. sends it as an
+    /// `Idempotency-Key` header the service honours), so repeating a call with the same key
+    /// cannot repeat its effect. Only then is a failed `mutating` call retried; without it a
+    /// mutating call runs at most once and a retryable failure goes to the model and the
+    /// policy as data.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub honours_idempotency_key: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl Default for ToolSpec {
@@ -138,6 +149,24 @@ impl ToolSpec {
             max_payload_bytes: 512_000,
             effect: Effect::ReadOnly,
             approval: ApprovalMode::Never,
+            honours_idempotency_key: false,
+        }
+    }
+
+    /// Declares that the tool deduplicates on the call's idempotency key (see
+    /// [`ToolSpec::honours_idempotency_key`]).
+    pub fn with_idempotency_key(mut self, honoured: bool) -> Self {
+        self.honours_idempotency_key = honoured;
+        self
+    }
+
+    /// Attempts the executor may make for one call: the retry policy's, except for a
+    /// mutating tool that does not honour the idempotency key, which runs at most once.
+    pub fn max_attempts(&self) -> u32 {
+        if self.effect == Effect::Mutating && !self.honours_idempotency_key {
+            1
+        } else {
+            self.retry.max_attempts.max(1)
         }
     }
 

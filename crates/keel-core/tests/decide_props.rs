@@ -119,6 +119,7 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
         goal: "g".into(),
         constraints: vec![],
         budget: Budget::unlimited().with_max_turns(max_turns),
+        definition: None,
     });
     sim.push(EventKind::UserMessage {
         message: Message::user("go"),
@@ -368,6 +369,7 @@ fn wall_clock_budget_ends_the_run() {
             goal: "g".into(),
             constraints: vec![],
             budget,
+            definition: None,
         },
     ));
     state.apply(&event(

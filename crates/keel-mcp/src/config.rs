@@ -1,11 +1,15 @@
 //! Configuration of MCP servers: the `[[mcp.servers]]` entries of `keel.toml`.
 //!
-//! An entry has a `name` and either `command` (with optional `args`, `env`, `cwd`) for a
-//! server started as a child process speaking MCP over stdio, or `url` (with optional
-//! `headers`) for a Streamable HTTP server. Unknown keys are rejected so a typo never
-//! silently changes behaviour. Values of `env` and `headers` may reference environment
-//! variables as `${NAME}`; they are expanded when the server is connected, so secrets stay
-//! out of the file.
+//! An entry has a `name` and either `command` (with optional `args`, `env`,
+//! `env_passthrough`, `cwd`) for a server started as a child process speaking MCP over
+//! stdio, or `url` (with optional `headers`) for a Streamable HTTP server. Unknown keys are
+//! rejected so a typo never silently changes behaviour. Values of `env` and `headers` may
+//! reference environment variables as `${NAME}`; they are expanded when the server is
+//! connected, so secrets stay out of the file.
+//!
+//! A stdio server does not inherit Keel's environment (which holds provider API keys and
+//! `.env` values): it gets only [`BASE_ENV_PASSTHROUGH`], the names listed in
+//! `env_passthrough`, and its `env` table ([`child_environment`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +20,39 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time allowed for one `tools/call`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Environment variables every stdio server gets from Keel's environment (when set): what
+/// a program needs to find executables, its home and temp directories, and the locale and
+/// terminal. Everything else must be named in the server's `env` table or
+/// `env_passthrough` list. `npx`/`node` and `uvx`/Python servers start with these
+/// (npm's cache lives under `HOME`); proxies, registries and certificate bundles
+/// (`HTTPS_PROXY`, `NPM_CONFIG_REGISTRY`, `NODE_OPTIONS`, `SSL_CERT_FILE`, ...) are opt-in.
+#[cfg(not(windows))]
+pub const BASE_ENV_PASSTHROUGH: &[&str] = &[
+    "PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR",
+];
+/// Environment variables every stdio server gets from Keel's environment (when set); on
+/// Windows also what a process needs to start at all (`SystemRoot`, ...).
+#[cfg(windows)]
+pub const BASE_ENV_PASSTHROUGH: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "SYSTEMROOT",
+    "WINDIR",
+    "COMSPEC",
+    "PATHEXT",
+    "TEMP",
+    "TMP",
+    "USERPROFILE",
+    "APPDATA",
+    "LOCALAPPDATA",
+];
 
 /// One MCP server Keel connects to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,8 +78,11 @@ pub enum McpTransport {
         command: String,
         /// Its arguments.
         args: Vec<String>,
-        /// Extra environment variables (values may use `${VAR}`).
+        /// Environment variables set for the server (values may use `${VAR}`).
         env: BTreeMap<String, String>,
+        /// Names of variables copied from Keel's environment in addition to
+        /// [`BASE_ENV_PASSTHROUGH`] (e.g. `NPM_CONFIG_REGISTRY`); nothing else is inherited.
+        env_passthrough: Vec<String>,
         /// Working directory, when not the current one.
         cwd: Option<String>,
     },
@@ -68,6 +108,7 @@ impl McpServerConfig {
                 command: command.into(),
                 args: args.into_iter().map(Into::into).collect(),
                 env: BTreeMap::new(),
+                env_passthrough: Vec::new(),
                 cwd: None,
             },
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
@@ -92,6 +133,18 @@ impl McpServerConfig {
     pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         if let McpTransport::Stdio { env, .. } = &mut self.transport {
             env.insert(key.into(), value.into());
+        }
+        self
+    }
+
+    /// Lets a stdio server see the variable `name` of Keel's environment (ignored for HTTP
+    /// servers); see [`BASE_ENV_PASSTHROUGH`] for what it sees anyway.
+    pub fn with_env_passthrough(mut self, name: impl Into<String>) -> Self {
+        if let McpTransport::Stdio {
+            env_passthrough, ..
+        } = &mut self.transport
+        {
+            env_passthrough.push(name.into());
         }
         self
     }
@@ -137,6 +190,8 @@ struct RawServerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    env_passthrough: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     url: Option<String>,
@@ -179,18 +234,30 @@ impl TryFrom<RawServerConfig> for McpServerConfig {
                 if command.trim().is_empty() {
                     return Err(format!("mcp server `{name}`: `command` must not be empty"));
                 }
+                let env_passthrough = raw.env_passthrough.unwrap_or_default();
+                if let Some(bad) = env_passthrough.iter().find(|n| !is_env_name(n)) {
+                    return Err(format!(
+                        "mcp server `{name}`: `env_passthrough` entry `{bad}` is not an \
+                         environment variable name (non-empty, no `=`, no NUL, no spaces)"
+                    ));
+                }
                 McpTransport::Stdio {
                     command,
                     args: raw.args.unwrap_or_default(),
                     env: raw.env.unwrap_or_default(),
+                    env_passthrough,
                     cwd: raw.cwd,
                 }
             }
             (None, Some(url)) => {
-                if raw.args.is_some() || raw.env.is_some() || raw.cwd.is_some() {
+                if raw.args.is_some()
+                    || raw.env.is_some()
+                    || raw.env_passthrough.is_some()
+                    || raw.cwd.is_some()
+                {
                     return Err(format!(
-                        "mcp server `{name}`: `args`, `env` and `cwd` only apply to `command` \
-                         servers; use `headers` for a `url` server"
+                        "mcp server `{name}`: `args`, `env`, `env_passthrough` and `cwd` only \
+                         apply to `command` servers; use `headers` for a `url` server"
                     ));
                 }
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -241,11 +308,13 @@ impl From<McpServerConfig> for RawServerConfig {
                 command,
                 args,
                 env,
+                env_passthrough,
                 cwd,
             } => {
                 raw.command = Some(command);
                 raw.args = Some(args);
                 raw.env = Some(env);
+                raw.env_passthrough = (!env_passthrough.is_empty()).then_some(env_passthrough);
                 raw.cwd = cwd;
             }
             McpTransport::Http { url, headers } => {
@@ -259,6 +328,46 @@ impl From<McpServerConfig> for RawServerConfig {
 
 fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// True for a name that can be an environment variable.
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| c == '=' || c == '\0' || c.is_whitespace())
+}
+
+/// The complete environment of a stdio server: the variables of `parent` named in
+/// [`BASE_ENV_PASSTHROUGH`] or `passthrough` (when set there), then the server's `env`
+/// table with `${VAR}` references expanded from Keel's environment (these win). Nothing
+/// else of `parent` is included, so API keys and `.env` values stay in Keel.
+pub fn child_environment(
+    parent: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    passthrough: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<BTreeMap<std::ffi::OsString, std::ffi::OsString>, String> {
+    let allowed = |name: &std::ffi::OsStr| {
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        let base = if cfg!(windows) {
+            BASE_ENV_PASSTHROUGH
+                .iter()
+                .any(|b| b.eq_ignore_ascii_case(name))
+        } else {
+            BASE_ENV_PASSTHROUGH.contains(&name)
+        };
+        base || passthrough.iter().any(|p| p == name)
+    };
+    let mut out: BTreeMap<_, _> = parent
+        .into_iter()
+        .filter(|(name, _)| allowed(name))
+        .collect();
+    for (key, value) in env {
+        out.insert(key.into(), expand_env(value, &format!("env.{key}"))?.into());
+    }
+    Ok(out)
 }
 
 /// Expands `${NAME}` references from the process environment. A missing variable is an
@@ -292,7 +401,7 @@ pub(crate) fn expand_env(value: &str, field: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Serialize)]
     struct File {
         servers: Vec<McpServerConfig>,
     }
@@ -329,6 +438,55 @@ mod tests {
         assert!(error.contains("missing `command`"), "{error}");
         let error = parse(r#"{"servers":[{"name":"a","url":"http://h","env":{}}]}"#).unwrap_err();
         assert!(error.contains("only apply to `command`"), "{error}");
+        let error = parse(r#"{"servers":[{"name":"a","url":"http://h","env_passthrough":["X"]}]}"#)
+            .unwrap_err();
+        assert!(error.contains("env_passthrough"), "{error}");
+        let error = parse(r#"{"servers":[{"name":"a","command":"x","env_passthrough":["A=B"]}]}"#)
+            .unwrap_err();
+        assert!(error.contains("`A=B`"), "{error}");
+    }
+
+    #[test]
+    fn env_passthrough_round_trips() {
+        let servers = parse(
+            r#"{"servers":[{"name":"n","command":"npx","env_passthrough":["NPM_CONFIG_REGISTRY"]}]}"#,
+        )
+        .unwrap();
+        let expected = McpServerConfig::stdio("n", "npx", Vec::<String>::new())
+            .with_env_passthrough("NPM_CONFIG_REGISTRY");
+        assert_eq!(servers[0], expected);
+        let json = serde_json::to_string(&File { servers }).unwrap();
+        assert_eq!(parse(&json).unwrap()[0], expected);
+    }
+
+    #[test]
+    fn child_environment_keeps_only_the_allowlist_the_passthrough_and_env() {
+        let parent = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/k"),
+            ("OPENAI_API_KEY", "sk-secret"),
+            ("ANTHROPIC_API_KEY", "sk-ant-secret"),
+            ("NPM_CONFIG_REGISTRY", "https://registry.example"),
+            ("LOG_LEVEL", "parent"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let mut env = BTreeMap::new();
+        env.insert("LOG_LEVEL".to_string(), "debug".to_string());
+        let child = child_environment(parent, &["NPM_CONFIG_REGISTRY".to_string()], &env).unwrap();
+        let names: Vec<&str> = child.keys().filter_map(|k| k.to_str()).collect();
+        assert_eq!(
+            names,
+            ["HOME", "LOG_LEVEL", "NPM_CONFIG_REGISTRY", "PATH"],
+            "{child:?}"
+        );
+        assert_eq!(child[std::ffi::OsStr::new("LOG_LEVEL")], "debug");
+        let error = child_environment(
+            std::iter::empty(),
+            &[],
+            &BTreeMap::from([("K".to_string(), "${KEEL_MCP_SURELY_UNSET_VAR}".to_string())]),
+        )
+        .unwrap_err();
+        assert!(error.contains("env.K"), "{error}");
     }
 
     #[test]

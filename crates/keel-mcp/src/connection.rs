@@ -8,14 +8,17 @@
 //! or 2025-03-26, which rmcp accepts). When the probe itself breaks the connection (some
 //! HTTP servers answer an unknown session-less request with an uncorrelated error), the
 //! connection is retried once with a plain `initialize` handshake.
+//!
+//! A stdio server runs with a cleared environment ([`child_environment`]) as the leader of
+//! its own process group; the group is stopped with the connection ([`ProcessGroup`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use keel_core::{ToolContext, ToolError, ToolErrorCode};
+use keel_core::{Effect, ToolContext, ToolError, ToolErrorCode};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, PingRequest,
     ProtocolVersion, ServerResult,
@@ -25,14 +28,13 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceError};
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::broadcast;
 
-use crate::config::{McpServerConfig, McpTransport, expand_env};
-use crate::convert::{classify_jsonrpc_error, map_call_result};
+use crate::child::{Admission, LogBudget, MAX_STDERR_LINE_BYTES, ProcessGroup, read_bounded_lines};
+use crate::config::{McpServerConfig, McpTransport, child_environment, expand_env};
+use crate::convert::{cap_tool_error, classify_jsonrpc_error, map_call_result};
 use crate::handler::{
-    Catalog, Handler, RemoteTool, STDERR_TAIL_LINES, Shared, fetch_catalog, lock, progress_key,
-    read, write,
+    Catalog, Handler, RemoteTool, Shared, fetch_catalog, lock, progress_key, read, write,
 };
 use crate::notice::{McpNotice, McpServerState, McpServerStatus};
 
@@ -42,16 +44,31 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// First non-zero reconnect delay.
 const BASE_BACKOFF: Duration = Duration::from_millis(250);
+/// How long a stopped stdio server's process group may take to exit after SIGTERM.
+const GROUP_GRACE: Duration = Duration::from_secs(2);
+/// How long a server that failed its handshake may take to finish writing stderr.
+const STDERR_DRAIN: Duration = Duration::from_secs(2);
 
 struct Live {
     service: RunningService<RoleClient, Handler>,
     generation: u64,
     pid: Option<u32>,
+    /// The stdio server's process group (empty for HTTP servers).
+    group: ProcessGroup,
 }
 
 impl Live {
     fn is_closed(&self) -> bool {
         self.service.is_closed() || self.service.peer().is_transport_closed()
+    }
+}
+
+impl Drop for Live {
+    /// A connection that is dropped (lost, replaced by a restart, shut down) takes the
+    /// server's whole process group with it: a crashed `npx` wrapper leaves its real
+    /// server (a grandchild) running otherwise.
+    fn drop(&mut self) {
+        self.group.kill();
     }
 }
 
@@ -95,6 +112,9 @@ pub(crate) struct Connection {
     status: Mutex<StatusFields>,
     reconnect: tokio::sync::Mutex<Backoff>,
     generation: AtomicU64,
+    /// Set by [`shutdown`](Self::shutdown): no reconnecting afterwards (a call still in
+    /// flight when the server is stopped must not start it again).
+    shut_down: AtomicBool,
 }
 
 impl Connection {
@@ -118,6 +138,7 @@ impl Connection {
             status: Mutex::new(StatusFields::default()),
             reconnect: tokio::sync::Mutex::new(Backoff::default()),
             generation: AtomicU64::new(0),
+            shut_down: AtomicBool::new(false),
         });
         if let Err(error) = conn.connect_once().await {
             let mut status = lock(&conn.status);
@@ -151,6 +172,7 @@ impl Connection {
             }),
             reconnect: tokio::sync::Mutex::new(Backoff::default()),
             generation: AtomicU64::new(0),
+            shut_down: AtomicBool::new(false),
         })
     }
 
@@ -215,6 +237,10 @@ impl Connection {
             service,
             generation,
             pid,
+            group: match self.config.transport {
+                McpTransport::Stdio { .. } => ProcessGroup::led_by(pid),
+                McpTransport::Http { .. } => ProcessGroup::led_by(None),
+            },
         });
         *write(&self.live) = Some(Arc::clone(&live));
         let changed = self.shared.set_catalog(catalog);
@@ -256,17 +282,26 @@ impl Connection {
                 command,
                 args,
                 env,
+                env_passthrough,
                 cwd,
             } => {
                 let mut cmd = tokio::process::Command::new(command);
                 cmd.args(args);
-                for (key, value) in env {
-                    cmd.env(key, expand_env(value, &format!("env.{key}"))?);
-                }
+                // Only the allowlist, the named pass-through variables and the `env` table:
+                // Keel's environment holds provider API keys and `.env` values.
+                cmd.env_clear();
+                cmd.envs(child_environment(
+                    std::env::vars_os(),
+                    env_passthrough,
+                    env,
+                )?);
                 if let Some(cwd) = cwd {
                     cmd.current_dir(cwd);
                 }
-                let (transport, stderr) = TokioChildProcess::builder(cmd)
+                let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
+                #[cfg(unix)]
+                wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
+                let (transport, stderr) = TokioChildProcess::builder(wrapped)
                     .stderr(Stdio::piped())
                     .spawn()
                     .map_err(|e| {
@@ -277,24 +312,16 @@ impl Connection {
                 let mut reader = None;
                 if let Some(stderr) = stderr {
                     let shared = Arc::clone(&self.shared);
-                    reader = Some(tokio::spawn(async move {
-                        let mut lines = tokio::io::BufReader::new(stderr).lines();
-                        while let Ok(Some(line)) = lines.next_line().await {
-                            tracing::debug!(server = %shared.server, "stderr: {line}");
-                            let mut tail = lock(&shared.stderr_tail);
-                            if tail.len() >= STDERR_TAIL_LINES {
-                                tail.pop_front();
-                            }
-                            tail.push_back(line);
-                        }
-                    }));
+                    reader = Some(tokio::spawn(drain_stderr(stderr, shared)));
                 }
                 match handler.serve_with_lifecycle(transport, lifecycle).await {
                     Ok(service) => Ok((service, pid)),
                     Err(error) => {
-                        // Let the reader collect what the dying server printed.
+                        // Stop whatever the server left behind, so its stderr reaches end
+                        // of file, and let the reader collect what it printed.
+                        ProcessGroup::led_by(pid).kill();
                         if let Some(reader) = reader {
-                            let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
+                            let _ = tokio::time::timeout(STDERR_DRAIN, reader).await;
                         }
                         Err(format!("MCP handshake failed: {error}"))
                     }
@@ -331,6 +358,9 @@ impl Connection {
         let mut backoff = self.reconnect.lock().await;
         if let Some(live) = self.current() {
             return Ok(live);
+        }
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err("the connection was shut down".into());
         }
         let delay = backoff.delay();
         if !delay.is_zero() {
@@ -391,14 +421,30 @@ impl Connection {
             server: self.config.name.clone(),
             reason: reason.into(),
         });
+        if self.shut_down.load(Ordering::SeqCst) {
+            return;
+        }
         let conn = Arc::clone(self);
         tokio::spawn(async move {
             let _ = conn.ensure_live().await;
         });
     }
 
-    /// Calls `tool` with `args`, bounded by the call timeout and `ctx.cancel`.
+    /// Calls `tool` with `args`, bounded by the call timeout and `ctx.cancel`. Error
+    /// messages and details taken from the server are capped
+    /// ([`cap_tool_error`]).
     pub(crate) async fn call(
+        self: &Arc<Self>,
+        tool: &RemoteTool,
+        args: Value,
+        ctx: &ToolContext,
+    ) -> Result<Value, ToolError> {
+        self.call_uncapped(tool, args, ctx)
+            .await
+            .map_err(|error| cap_tool_error(error, &tool.spec.name))
+    }
+
+    async fn call_uncapped(
         self: &Arc<Self>,
         tool: &RemoteTool,
         args: Value,
@@ -456,7 +502,7 @@ impl Connection {
             Ok(handle) => handle,
             Err(error) => {
                 self.mark_lost(live.generation, &error.to_string());
-                return Err(lost_error(&server, &error));
+                return Err(lost_error(&server, &error, tool.spec.effect));
             }
         };
         let request_id = handle.id.clone();
@@ -544,7 +590,7 @@ impl Connection {
                     ));
                 }
                 self.mark_lost(live.generation, &error.to_string());
-                Err(lost_error(&server, &error))
+                Err(lost_error(&server, &error, tool.spec.effect))
             }
             Err(error) => Err(ToolError::new(
                 ToolErrorCode::ToolBug,
@@ -556,17 +602,50 @@ impl Connection {
         }
     }
 
-    /// Closes the connection (stops a stdio server).
+    /// Closes the connection. A stdio server is asked to exit (its stdin is closed, as the
+    /// MCP spec says), then whatever is left of its process group gets SIGTERM and, after
+    /// a grace period, SIGKILL — also while calls still hold the connection.
     pub(crate) async fn shutdown(&self) {
-        let live = write(&self.live).take();
-        if let Some(live) = live
-            && let Ok(mut live) = Arc::try_unwrap(live)
-        {
-            let _ = live
-                .service
-                .close_with_timeout(Duration::from_secs(5))
-                .await;
+        self.shut_down.store(true, Ordering::SeqCst);
+        let Some(live) = write(&self.live).take() else {
+            return;
+        };
+        let group = live.group;
+        let closed = match Arc::try_unwrap(live) {
+            Ok(mut live) => {
+                let _ = live
+                    .service
+                    .close_with_timeout(Duration::from_secs(5))
+                    .await;
+                Some(live)
+            }
+            Err(_in_use) => None,
+        };
+        group.terminate(GROUP_GRACE).await;
+        drop(closed);
+    }
+}
+
+/// Forwards a stdio server's stderr to the log (rate-limited) and keeps its last lines for
+/// error messages, reading bounded lines until end of file.
+async fn drain_stderr(stderr: tokio::process::ChildStderr, shared: Arc<Shared>) {
+    let mut budget = LogBudget::new(Instant::now());
+    read_bounded_lines(stderr, MAX_STDERR_LINE_BYTES, |line| {
+        match budget.admit(Instant::now()) {
+            Admission::Log { suppressed_before } => {
+                if suppressed_before > 0 {
+                    tracing::debug!(server = %shared.server, "{suppressed_before} stderr lines not logged (rate limit)");
+                }
+                tracing::debug!(server = %shared.server, "stderr: {line}");
+            }
+            Admission::Suppress => {}
         }
+        shared.push_stderr(line);
+    })
+    .await;
+    let pending = budget.pending();
+    if pending > 0 {
+        tracing::debug!(server = %shared.server, "{pending} stderr lines not logged (rate limit)");
     }
 }
 
@@ -581,12 +660,18 @@ impl Drop for ProgressGuard<'_> {
     }
 }
 
-fn lost_error(server: &str, error: &ServiceError) -> ToolError {
+fn lost_error(server: &str, error: &ServiceError, effect: Effect) -> ToolError {
+    let advice = match effect {
+        Effect::ReadOnly | Effect::Idempotent => "so the call can be retried",
+        Effect::Mutating => {
+            "but the call may already have taken effect: check before calling it again"
+        }
+    };
     ToolError::new(
         ToolErrorCode::RetryableServer,
         format!(
             "MCP server `{server}` disconnected during the call ({error}); it is being \
-             restarted, so the call can be retried"
+             restarted, {advice}"
         ),
     )
 }

@@ -93,9 +93,10 @@ pub fn normalize_output_schema(schema: Option<&Value>) -> Option<Value> {
 }
 
 /// Effect and approval from MCP tool annotations: `readOnlyHint` → read-only;
-/// `destructiveHint` → mutating with approval always; `idempotentHint` → idempotent;
-/// no hints → mutating without approval (MCP's defaults say an unannotated tool may
-/// change the world, so it is never silently repeated).
+/// `destructiveHint` → mutating with approval always (even when also idempotent: a human
+/// approves it, and it runs alone); `idempotentHint` → idempotent; no hints → mutating
+/// without approval (MCP's defaults say an unannotated tool may change the world, so it
+/// is never silently repeated, see [`retry_for_effect`]).
 pub fn effect_from_annotations(annotations: Option<&Value>) -> (Effect, ApprovalMode) {
     let hint = |key: &str| {
         annotations
@@ -110,6 +111,26 @@ pub fn effect_from_annotations(annotations: Option<&Value>) -> (Effect, Approval
         (Effect::Idempotent, ApprovalMode::Never)
     } else {
         (Effect::Mutating, ApprovalMode::Never)
+    }
+}
+
+/// The executor's retry policy for an MCP tool with this effect.
+///
+/// Keel retries a mutating call only when the tool honours the call's idempotency key
+/// (and then with the same key). MCP has no way to pass that key to a server, so a
+/// mutating MCP tool gets exactly one attempt: a retryable failure (timeout, server
+/// restart) comes back as data, and the model or the run's policy decides whether to
+/// repeat a call that may already have taken effect. Read-only and idempotent tools can be
+/// repeated safely, so they get one extra attempt, which covers a server restarted
+/// between calls.
+pub fn retry_for_effect(effect: Effect) -> RetryPolicy {
+    match effect {
+        Effect::ReadOnly | Effect::Idempotent => RetryPolicy {
+            max_attempts: 2,
+            base_delay_ms: 250,
+            max_delay_ms: 2_000,
+        },
+        Effect::Mutating => RetryPolicy::none(),
     }
 }
 
@@ -154,13 +175,7 @@ pub fn spec_from_mcp_tool(
         annotations,
         &input_schema,
     );
-    // Only read-only and idempotent tools are retried by the executor anyway; one extra
-    // attempt covers a server restart between calls.
-    let retry = RetryPolicy {
-        max_attempts: 2,
-        base_delay_ms: 250,
-        max_delay_ms: 2_000,
-    };
+    let retry = retry_for_effect(effect);
     ToolSpec::new(keel_name, description, usage)
         .with_input_schema(input_schema)
         .with_output_schema(output_schema)
@@ -218,11 +233,105 @@ fn usage_guidance(
             required.join(", ")
         ));
     }
-    out.push_str(
-        "Errors come back as data with a code (invalid_input: fix the arguments; \
-         retryable_server or timeout: try again later).",
-    );
+    let repeatable = hint("readOnlyHint") == Some(true)
+        || (hint("destructiveHint") != Some(true) && hint("idempotentHint") == Some(true));
+    if repeatable {
+        out.push_str(
+            "Errors come back as data with a code (invalid_input: fix the arguments; \
+             retryable_server or timeout: try again later).",
+        );
+    } else {
+        out.push_str(
+            "Errors come back as data with a code (invalid_input: fix the arguments; \
+             retryable_server or timeout: the change may already have been made, so check \
+             before calling again). Failed calls are not repeated automatically.",
+        );
+    }
     out
+}
+
+/// Most characters of an error message taken from a server (the `isError` text, a
+/// JSON-RPC error message) kept in a [`ToolError`]; it goes into the event log and the
+/// next prompt.
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 8 * 1024;
+/// Most characters of an error's `details` (serialized JSON: JSON-RPC `error.data`, the
+/// `isError` content, a server log payload) kept.
+pub const MAX_ERROR_DETAILS_CHARS: usize = 8 * 1024;
+/// Fields of an oversized details object at most this long (serialized) are kept as they
+/// are; only the larger ones are cut.
+const SMALL_FIELD_CHARS: usize = 256;
+
+/// `text` cut to `max_chars` characters with Keel's truncation notice
+/// (`[OUTPUT TRUNCATED: Showing X of Y characters from SOURCE]`, the notice of
+/// [`keel_core::context::truncate_tool_output`]), or unchanged when it fits.
+pub fn cap_text(text: String, max_chars: usize, source: &str) -> String {
+    if text.len() <= max_chars {
+        return text;
+    }
+    match keel_core::context::truncate_tool_output(&text, max_chars, source) {
+        Some((cut, _, _)) => cut,
+        None => text,
+    }
+}
+
+/// A JSON value whose serialization is at most about `max_chars` characters: unchanged
+/// when it fits; an object keeps its small fields and has each large one replaced by its
+/// serialization cut to a share of the budget (with the truncation notice); anything else
+/// becomes its serialization, cut.
+pub fn cap_value(value: Value, max_chars: usize, source: &str) -> Value {
+    let serialized = match &value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    if serialized.len() <= max_chars {
+        return value;
+    }
+    let Value::Object(map) = value else {
+        return Value::String(cap_text(serialized, max_chars, source));
+    };
+    let sizes: Vec<(String, Value, usize)> = map
+        .into_iter()
+        .map(|(key, field)| {
+            let size = key.len() + field.to_string().len();
+            (key, field, size)
+        })
+        .collect();
+    let small_total: usize = sizes
+        .iter()
+        .filter(|(_, _, size)| *size <= SMALL_FIELD_CHARS)
+        .map(|(_, _, size)| size)
+        .sum();
+    let large = sizes
+        .iter()
+        .filter(|(_, _, size)| *size > SMALL_FIELD_CHARS)
+        .count()
+        .max(1);
+    let share = (max_chars.saturating_sub(small_total) / large).max(SMALL_FIELD_CHARS);
+    let mut out = Map::new();
+    for (key, field, size) in sizes {
+        if size <= SMALL_FIELD_CHARS {
+            out.insert(key, field);
+        } else {
+            let text = match field {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            let label = format!("{source} ({key})");
+            out.insert(key, Value::String(cap_text(text, share, &label)));
+        }
+    }
+    Value::Object(out)
+}
+
+/// `error` with its message and details capped ([`MAX_ERROR_MESSAGE_CHARS`],
+/// [`MAX_ERROR_DETAILS_CHARS`]), so nothing a server sends grows the log or the prompt
+/// without bound.
+pub fn cap_tool_error(mut error: ToolError, source: &str) -> ToolError {
+    error.message = cap_text(error.message, MAX_ERROR_MESSAGE_CHARS, source);
+    error.details = error
+        .details
+        .map(|details| cap_value(details, MAX_ERROR_DETAILS_CHARS, source));
+    error
 }
 
 /// Maps one MCP content block to Keel's JSON output form.
@@ -464,6 +573,70 @@ mod tests {
             effect_from_annotations(None),
             (Effect::Mutating, ApprovalMode::Never)
         );
+    }
+
+    #[test]
+    fn only_repeatable_tools_are_retried() {
+        let spec = |annotations: Value| {
+            let tool = json!({"name": "t", "annotations": annotations});
+            spec_from_mcp_tool("s__t", "s", &tool, Duration::from_secs(5))
+        };
+        // No annotations: MCP says the tool may change the world; one attempt only.
+        let unannotated = spec(json!({}));
+        assert_eq!(unannotated.effect, Effect::Mutating);
+        assert_eq!(unannotated.retry.max_attempts, 1, "{unannotated:?}");
+        assert!(unannotated.usage.contains("may already have been made"));
+        let destructive = spec(json!({"destructiveHint": true, "idempotentHint": true}));
+        assert_eq!(destructive.effect, Effect::Mutating);
+        assert_eq!(destructive.retry.max_attempts, 1);
+        let read_only = spec(json!({"readOnlyHint": true}));
+        assert_eq!(read_only.effect, Effect::ReadOnly);
+        assert_eq!(read_only.retry.max_attempts, 2);
+        assert!(read_only.usage.contains("try again later"));
+        let idempotent = spec(json!({"destructiveHint": false, "idempotentHint": true}));
+        assert_eq!(idempotent.effect, Effect::Idempotent);
+        assert_eq!(idempotent.retry.max_attempts, 2);
+    }
+
+    #[test]
+    fn server_error_text_and_details_are_capped() {
+        let huge = "e".repeat(1_000_000);
+        let error = ToolError::new(ToolErrorCode::ToolBug, huge.clone()).with_details(json!({
+            "server": "s",
+            "tool": "t",
+            "jsonrpc_code": -32603,
+            "data": {"trace": huge},
+        }));
+        let error = cap_tool_error(error, "s__t");
+        assert!(
+            error.message.len() < MAX_ERROR_MESSAGE_CHARS + 200,
+            "{}",
+            error.message.len()
+        );
+        assert!(
+            error
+                .message
+                .ends_with("[OUTPUT TRUNCATED: Showing 8,192 of 1,000,000 characters from s__t]"),
+            "{}",
+            &error.message[error.message.len() - 100..]
+        );
+        let details = error.details.unwrap();
+        assert!(
+            details.to_string().len() < MAX_ERROR_DETAILS_CHARS + 300,
+            "{}",
+            details.to_string().len()
+        );
+        assert_eq!(details["server"], "s");
+        assert_eq!(details["jsonrpc_code"], -32603);
+        let data = details["data"].as_str().unwrap();
+        assert!(data.contains("characters from s__t (data)]"), "{data}");
+
+        // Small errors are untouched.
+        let small = ToolError::new(ToolErrorCode::NotFound, "gone").with_details(json!({"a": 1}));
+        assert_eq!(cap_tool_error(small.clone(), "x"), small);
+        // A huge non-object value becomes a cut string.
+        let cut = cap_value(json!([huge]), 100, "x");
+        assert!(cut.as_str().unwrap().len() < 200);
     }
 
     #[test]

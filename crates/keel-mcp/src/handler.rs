@@ -18,13 +18,19 @@ use rmcp::{ClientHandler, RoleClient};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::convert::{proxied_tool_name, spec_from_mcp_tool};
+use crate::convert::{
+    MAX_ERROR_DETAILS_CHARS, cap_text, cap_value, proxied_tool_name, spec_from_mcp_tool,
+};
 use crate::notice::McpNotice;
 
 /// Most pages of `tools/list` followed before giving up (a server looping on cursors).
 const MAX_LIST_PAGES: usize = 100;
 /// Lines of a stdio server's stderr kept for error messages.
 pub(crate) const STDERR_TAIL_LINES: usize = 20;
+/// Most bytes of stderr lines kept for error messages (the oldest lines go first).
+pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
+/// Most characters of a progress message forwarded.
+const MAX_PROGRESS_MESSAGE_CHARS: usize = 1024;
 
 /// A tool offered by a server, with its Keel spec.
 #[derive(Debug)]
@@ -79,6 +85,19 @@ impl Shared {
             .iter()
             .map(|t| t.spec.name.clone())
             .collect()
+    }
+
+    /// Keeps `line` (already bounded by the reader) as the newest line of the stderr tail,
+    /// dropping the oldest lines beyond [`STDERR_TAIL_LINES`] or [`STDERR_TAIL_BYTES`].
+    pub(crate) fn push_stderr(&self, line: String) {
+        let mut tail = lock(&self.stderr_tail);
+        tail.push_back(line);
+        let mut bytes: usize = tail.iter().map(String::len).sum();
+        while tail.len() > STDERR_TAIL_LINES || (bytes > STDERR_TAIL_BYTES && tail.len() > 1) {
+            if let Some(oldest) = tail.pop_front() {
+                bytes = bytes.saturating_sub(oldest.len());
+            }
+        }
     }
 
     pub(crate) fn stderr_tail(&self) -> String {
@@ -142,7 +161,9 @@ impl ClientHandler for Handler {
                 call_id,
                 progress: params.progress,
                 total: params.total,
-                message: params.message,
+                message: params
+                    .message
+                    .map(|m| cap_text(m, MAX_PROGRESS_MESSAGE_CHARS, "MCP progress message")),
             });
         }
     }
@@ -181,11 +202,12 @@ impl ClientHandler for Handler {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_else(|| "info".into());
+        let source = format!("MCP server `{}` log", self.shared.server);
         self.shared.notify(McpNotice::Log {
             server: self.shared.server.clone(),
             level,
             logger: params.logger,
-            data: params.data,
+            data: cap_value(params.data, MAX_ERROR_DETAILS_CHARS, &source),
         });
     }
 }

@@ -7,11 +7,20 @@
 //! failures come back as tool results with `isError: true` (so a model can correct
 //! itself) carrying Keel's error object as `structuredContent`; an unknown tool name is a
 //! JSON-RPC `-32602` error.
+//!
+//! There is no human to ask here, so a tool whose spec requires approval is refused with
+//! an error result saying so, and a tool that panics answers `tool_bug` instead of taking
+//! the request down. Each served connection is a session with its own id, and a call's
+//! idempotency key is `mcp:<session id>:<JSON-RPC request id>`, unique across sessions
+//! (clients restart their request ids at 0).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use keel_core::{
-    CancellationToken, Effect, ToolContext, ToolError, ToolErrorCode, ToolRegistry, ToolSpec,
+    ApprovalMode, CancellationToken, Effect, ToolContext, ToolError, ToolErrorCode, ToolRegistry,
+    ToolSpec,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -38,11 +47,13 @@ pub enum ServeError {
     Task(String),
 }
 
-/// An MCP server exposing the tools of a registry.
+/// An MCP server exposing the tools of a registry. [`serve`] gives every connection it
+/// serves a new session id.
 #[derive(Clone)]
 pub struct KeelMcpServer {
     registry: ToolRegistry,
     validators: Arc<std::collections::BTreeMap<String, Result<jsonschema::Validator, String>>>,
+    /// Part of every idempotency key; new per served connection.
     session: String,
     max_protocol_version: Option<ProtocolVersion>,
 }
@@ -69,9 +80,14 @@ impl KeelMcpServer {
         Self {
             registry,
             validators: Arc::new(validators),
-            session: keel_core::new_id("mcp"),
+            session: new_session_id(),
             max_protocol_version: None,
         }
+    }
+
+    /// The idempotency key of the call with JSON-RPC id `request_id` in this session.
+    fn idempotency_key(&self, request_id: &str) -> String {
+        format!("mcp:{}:{request_id}", self.session)
     }
 
     /// Speaks no protocol revision newer than `version` (e.g. `"2025-06-18"`), for
@@ -84,10 +100,19 @@ impl KeelMcpServer {
     }
 }
 
-/// The MCP `Tool` for a Keel spec: usage guidance appended to the description,
-/// annotations from the effect and approval mode.
+fn new_session_id() -> String {
+    keel_core::new_id("session")
+}
+
+/// The MCP `Tool` for a Keel spec: usage guidance appended to the description (and, for a
+/// tool that needs human approval, that calls over MCP are refused), annotations from the
+/// effect.
 pub fn mcp_tool_for_spec(spec: &ToolSpec) -> Tool {
-    let description = format!("{}\n\n{}", spec.description.trim(), spec.usage.trim());
+    let mut description = format!("{}\n\n{}", spec.description.trim(), spec.usage.trim());
+    if spec.approval == ApprovalMode::Always {
+        description
+            .push_str("\n\nNeeds human approval before each call; calls over MCP are refused.");
+    }
     let annotations = json!({
         "title": spec.name,
         "readOnlyHint": spec.effect == Effect::ReadOnly,
@@ -208,6 +233,9 @@ impl ServerHandler for KeelMcpServer {
             ));
         };
         let spec = tool.spec();
+        if spec.approval == ApprovalMode::Always {
+            return Ok(error_result(&approval_required_error(&name)).into());
+        }
         let args = Value::Object(request.arguments.unwrap_or_default());
         match self.validators.get(&name) {
             Some(Ok(validator)) => {
@@ -243,8 +271,12 @@ impl ServerHandler for KeelMcpServer {
             "{}",
             serde_json::to_value(&context.id).unwrap_or(Value::Null)
         );
-        let ctx = ToolContext::new("mcp", self.session.clone(), call_id, cancel.clone());
-        let call = tool.call(args, &ctx);
+        let mut ctx = ToolContext::new("mcp", self.session.clone(), call_id, cancel.clone());
+        ctx.idempotency_key = self.idempotency_key(&ctx.call_id);
+        // A panicking tool answers `tool_bug`; the session and other calls go on.
+        let call = AssertUnwindSafe(tool.call(args, &ctx))
+            .catch_unwind()
+            .map(|result| result.unwrap_or_else(|panic| Err(panic_error(&name, panic.as_ref()))));
         tokio::pin!(call);
         let stopped = tokio::select! {
             result = &mut call => Ok(result),
@@ -273,12 +305,44 @@ impl ServerHandler for KeelMcpServer {
     }
 }
 
-/// Serves `server` on any rmcp transport until the client disconnects.
+fn approval_required_error(name: &str) -> ToolError {
+    ToolError::new(
+        ToolErrorCode::Forbidden,
+        format!(
+            "`{name}` needs a human's approval before each call (its approval mode is \
+             `always`), and `keel mcp serve` cannot ask one, so the call was refused and \
+             nothing was done. Run it from an agent that can ask for approval (`keel run`, \
+             `keel chat`), or serve only tools without approval (`keel mcp serve --tool NAME`)."
+        ),
+    )
+    .with_details(json!({ "approval": "always", "reason": "approval_required" }))
+}
+
+fn panic_error(name: &str, panic: &(dyn std::any::Any + Send)) -> ToolError {
+    let message = if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    };
+    ToolError::new(
+        ToolErrorCode::ToolBug,
+        format!("`{name}` crashed (panic: {message}); this is a bug in the tool, not in the call"),
+    )
+}
+
+/// Serves `server` on any rmcp transport until the client disconnects, as a new session
+/// (its own idempotency keys).
 pub async fn serve<T, E, A>(server: KeelMcpServer, transport: T) -> Result<(), ServeError>
 where
     T: rmcp::transport::IntoTransport<RoleServer, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
+    let server = KeelMcpServer {
+        session: new_session_id(),
+        ..server
+    };
     let running = server
         .serve(transport)
         .await

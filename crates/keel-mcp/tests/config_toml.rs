@@ -30,6 +30,7 @@ fn parses_keel_toml_servers() {
         command = "npx"
         args = ["-y", "@modelcontextprotocol/server-everything"]
         env = { LOG_LEVEL = "debug" }
+        env_passthrough = ["NPM_CONFIG_REGISTRY"]
         startup_timeout_ms = 10000
 
         [[mcp.servers]]
@@ -46,11 +47,13 @@ fn parses_keel_toml_servers() {
             command,
             args,
             env,
+            env_passthrough,
             cwd,
         } => {
             assert_eq!(command, "npx");
             assert_eq!(args.len(), 2);
             assert_eq!(env["LOG_LEVEL"], "debug");
+            assert_eq!(env_passthrough, ["NPM_CONFIG_REGISTRY"]);
             assert!(cwd.is_none());
         }
         other => panic!("{other:?}"),

@@ -108,8 +108,14 @@ async fn progress_is_forwarded_and_cancellation_stops_the_call() {
             .contains("completed"),
         "{out}"
     );
+    // Notifications are handled on their own task, so the last one may arrive after the
+    // response: wait for it (generous deadline) instead of reading only what is there.
     let mut progress = Vec::new();
-    while let Ok(notice) = notices.try_recv() {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while progress.len() < 3 {
+        let Ok(Ok(notice)) = tokio::time::timeout_at(deadline, notices.recv()).await else {
+            break;
+        };
         if let McpNotice::Progress {
             tool,
             call_id,

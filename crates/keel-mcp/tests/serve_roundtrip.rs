@@ -3,8 +3,10 @@
 //! This test binary has no libtest harness: started with `KEEL_MCP_TEST_SERVE=1` it *is*
 //! the MCP server (a few typed test tools served by `keel_mcp::serve_stdio`); otherwise it
 //! spawns itself in that mode and drives it with `McpManager` (initialize, tools/list,
-//! tools/call with valid and invalid arguments, cancellation) and a raw rmcp client
-//! (annotations, output schema, unknown tool → -32602).
+//! tools/call with valid and invalid arguments, cancellation, oversized errors) and a raw
+//! rmcp client (annotations, output schema, unknown tool → -32602). Started with
+//! `KEEL_MCP_TEST_LOUD_ERRORS=1` it is instead a bare rmcp server whose one tool answers
+//! with a JSON-RPC error carrying megabytes of `data`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -98,11 +100,84 @@ impl Tool for WaitForCancel {
     }
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct NoArgs {}
+
+/// Fails with a megabyte of message and details.
+struct FailLoudly;
+
+impl Tool for FailLoudly {
+    type Args = NoArgs;
+    type Output = serde_json::Value;
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::new(
+            "fail_loudly",
+            "Fails with a huge error.",
+            "Test tool; always fails.",
+        )
+    }
+
+    async fn call(
+        &self,
+        _args: NoArgs,
+        _ctx: &ToolContext,
+    ) -> Result<serde_json::Value, ToolError> {
+        Err(
+            ToolError::new(ToolErrorCode::ToolBug, "m".repeat(1_000_000))
+                .with_details(json!({"dump": "d".repeat(1_000_000)})),
+        )
+    }
+}
+
 fn registry() -> ToolRegistry {
     let mut registry = ToolRegistry::new();
     registry.register_typed(AddNumbers).unwrap();
     registry.register_typed(WaitForCancel).unwrap();
+    registry.register_typed(FailLoudly).unwrap();
     registry
+}
+
+/// A bare rmcp server with one tool, `jsonrpc_error`, that answers every call with a
+/// JSON-RPC error whose message and `data` are a megabyte each.
+struct LoudErrors;
+
+impl rmcp::ServerHandler for LoudErrors {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .build(),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+        let schema = json!({"type": "object", "properties": {}});
+        let tool = rmcp::model::Tool::new(
+            "jsonrpc_error",
+            "Always fails with a JSON-RPC error.",
+            std::sync::Arc::new(schema.as_object().unwrap().clone()),
+        );
+        Ok(rmcp::model::ListToolsResult {
+            tools: vec![tool],
+            ..Default::default()
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        Err(rmcp::ErrorData::internal_error(
+            "x".repeat(1_000_000),
+            Some(json!({"trace": "y".repeat(1_000_000)})),
+        ))
+    }
 }
 
 fn ctx(call_id: &str) -> ToolContext {
@@ -120,7 +195,11 @@ async fn round_trip_with_keel_client() {
     assert_eq!(status.state, McpServerState::Connected, "{status:#?}");
     assert_eq!(
         status.tools,
-        vec!["keel__add_numbers", "keel__wait_for_cancel"]
+        vec![
+            "keel__add_numbers",
+            "keel__fail_loudly",
+            "keel__wait_for_cancel"
+        ]
     );
     assert_eq!(
         status
@@ -157,6 +236,20 @@ async fn round_trip_with_keel_client() {
     assert!(error.message.contains("input schema"), "{error:?}");
     let error = add.call(json!({"a": 1}), &ctx("v3")).await.unwrap_err();
     assert_eq!(error.code, ToolErrorCode::InvalidInput, "{error:?}");
+
+    // A megabyte of error text and details reaches the log and the prompt capped.
+    let loud = tools
+        .iter()
+        .find(|t| t.spec().name == "keel__fail_loudly")
+        .unwrap();
+    let error = loud.call(json!({}), &ctx("v5")).await.unwrap_err();
+    assert_eq!(
+        error.code,
+        ToolErrorCode::ToolBug,
+        "{}",
+        &error.message[..200]
+    );
+    assert_capped(&error);
 
     // Cancellation reaches the served tool as notifications/cancelled.
     let wait = tools
@@ -212,6 +305,55 @@ async fn older_protocol_versions() {
         assert_eq!(out, json!({"sum": 3}), "{version}");
         manager.shutdown().await;
     }
+}
+
+fn assert_capped(error: &ToolError) {
+    assert!(
+        error.message.len() < 9_000,
+        "message of {} bytes",
+        error.message.len()
+    );
+    assert!(
+        error
+            .message
+            .contains("[OUTPUT TRUNCATED: Showing 8,192 of "),
+        "{}",
+        &error.message[error.message.len() - 200..]
+    );
+    let details = error.details.as_ref().unwrap().to_string();
+    assert!(details.len() < 9_000, "details of {} bytes", details.len());
+    assert!(details.contains("[OUTPUT TRUNCATED: Showing "), "{details}");
+}
+
+/// JSON-RPC errors (message and `error.data`) are capped too.
+async fn jsonrpc_error_data_is_capped() {
+    let config = server_config().with_env("KEEL_MCP_TEST_LOUD_ERRORS", "1");
+    let manager = McpManager::connect_all([config]).await;
+    let status = &manager.statuses()[0];
+    assert_eq!(status.state, McpServerState::Connected, "{status:#?}");
+    let tool = manager
+        .tools()
+        .into_iter()
+        .find(|t| t.spec().name == "keel__jsonrpc_error")
+        .unwrap();
+    let error = tool.call(json!({}), &ctx("loud")).await.unwrap_err();
+    assert_eq!(
+        error.code,
+        ToolErrorCode::ToolBug,
+        "{}",
+        &error.message[..200]
+    );
+    assert!(error.message.starts_with("MCP error -32603: xxx"));
+    assert_capped(&error);
+    let details = error.details.as_ref().unwrap();
+    assert_eq!(details["jsonrpc_code"], -32603);
+    assert!(
+        details["data"]
+            .as_str()
+            .unwrap()
+            .contains("{\"trace\":\"yyy")
+    );
+    manager.shutdown().await;
 }
 
 async fn raw_protocol_checks() {
@@ -280,6 +422,17 @@ fn main() {
         .build()
         .unwrap();
     if std::env::var_os("KEEL_MCP_TEST_SERVE").is_some() {
+        if std::env::var_os("KEEL_MCP_TEST_LOUD_ERRORS").is_some() {
+            runtime
+                .block_on(async {
+                    use rmcp::ServiceExt;
+                    let running = LoudErrors.serve(rmcp::transport::stdio()).await?;
+                    running.waiting().await?;
+                    Ok::<_, Box<dyn std::error::Error>>(())
+                })
+                .unwrap();
+            return;
+        }
         match std::env::var("KEEL_MCP_TEST_MAX_VERSION") {
             Ok(max) => {
                 let server =
@@ -307,6 +460,7 @@ fn main() {
         round_trip_with_keel_client().await;
         raw_protocol_checks().await;
         older_protocol_versions().await;
+        jsonrpc_error_data_is_capped().await;
     });
     println!("test serve_roundtrip ... ok");
 }

@@ -11,6 +11,7 @@ use keel_core::{
     Usage,
 };
 use reqwest::RequestBuilder;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::driver::{Decoder, Protocol, malformed, truncated};
@@ -23,7 +24,7 @@ const PROVIDER: &str = "anthropic";
 
 pub(crate) struct Anthropic {
     pub(crate) url: String,
-    pub(crate) api_key: String,
+    pub(crate) api_key: SecretString,
 }
 
 impl Protocol for Anthropic {
@@ -36,8 +37,7 @@ impl Protocol for Anthropic {
     }
 
     fn headers(&self, builder: RequestBuilder) -> RequestBuilder {
-        builder
-            .header("x-api-key", &self.api_key)
+        crate::redact::sensitive_header(builder, "x-api-key", self.api_key.expose_secret())
             .header("anthropic-version", ANTHROPIC_VERSION)
             .header(reqwest::header::ACCEPT, "text/event-stream")
     }

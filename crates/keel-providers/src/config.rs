@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use keel_core::{Model, ModelCapabilities};
 use reqwest::Url;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::anthropic::Anthropic;
 use crate::driver::{HttpModel, Protocol};
+use crate::framing::DEFAULT_MAX_EVENT_BYTES;
 use crate::ollama::Ollama;
 use crate::openai_chat::{Flavor, OpenAiChat};
 use crate::openai_responses::OpenAiResponses;
@@ -28,19 +30,35 @@ pub const PROVIDERS: [&str; 5] = [
 /// The environment variable that forces [`ProviderOptions::loopback_only`] (`1` = on).
 pub const TEST_MODE_VAR: &str = "KEEL_TEST_MODE";
 
+/// The default overall deadline of one model call (10 minutes).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// How to reach and call a provider.
-#[derive(Debug, Clone)]
+///
+/// `Debug` never shows the API key (it is a [`SecretString`]) nor the base URL's
+/// userinfo or query.
+#[derive(Clone)]
 pub struct ProviderOptions {
     /// Overrides the base URL (else the provider's environment variable, else its default).
     pub base_url: Option<String>,
-    /// Overrides the API key (else the provider's environment variable).
-    pub api_key: Option<String>,
-    /// Retry policy for retryable failures.
+    /// Overrides the API key (else the provider's environment variable). Held as a
+    /// [`SecretString`]: `Some("sk-…".into())`; its `Debug` prints `[REDACTED]`.
+    pub api_key: Option<SecretString>,
+    /// Retry policy for retryable failures: attempts, initial and maximum delay, growth
+    /// factor, jitter and the longest `retry-after` honoured.
     pub retry: RetryConfig,
     /// Time allowed to open a connection.
     pub connect_timeout: Duration,
     /// Longest silence allowed while waiting for the response or between stream bytes.
     pub idle_timeout: Duration,
+    /// Overall deadline of one model call, from the first request to the last byte,
+    /// retries and their waits included (default [`DEFAULT_CALL_TIMEOUT`], 10 minutes).
+    /// When it passes the call fails with a `timeout` error that is not retried.
+    pub call_timeout: Duration,
+    /// Largest streamed line, or SSE event's data, accepted, in bytes (default
+    /// [`DEFAULT_MAX_EVENT_BYTES`], 16 MiB). A larger one fails the call with a
+    /// non-retryable `other` error naming the limit.
+    pub max_event_bytes: usize,
     /// Refuse any base URL that is not loopback (forced on when `KEEL_TEST_MODE=1`).
     pub loopback_only: bool,
     /// Waits between retries; `None` is the tokio timer. Tests inject a virtual clock.
@@ -61,12 +79,39 @@ impl Default for ProviderOptions {
             retry: RetryConfig::default(),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             loopback_only: false,
             sleeper: None,
             pricing: None,
             app_url: None,
             app_title: None,
         }
+    }
+}
+
+impl std::fmt::Debug for ProviderOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderOptions")
+            .field(
+                "base_url",
+                &self
+                    .base_url
+                    .as_deref()
+                    .map(crate::redact::display_url_text),
+            )
+            .field("api_key", &self.api_key)
+            .field("retry", &self.retry)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("max_event_bytes", &self.max_event_bytes)
+            .field("loopback_only", &self.loopback_only)
+            .field("sleeper", &self.sleeper)
+            .field("pricing", &self.pricing.as_ref().map(|_| "…"))
+            .field("app_url", &self.app_url)
+            .field("app_title", &self.app_title)
+            .finish()
     }
 }
 
@@ -189,8 +234,15 @@ pub fn model_from_spec_with_env(
         });
     };
     let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let api_key =
-        non_empty(options.api_key.clone()).or_else(|| info.key_var.and_then(|v| non_empty(env(v))));
+    let api_key: Option<SecretString> = options
+        .api_key
+        .clone()
+        .filter(|key| !key.expose_secret().trim().is_empty())
+        .or_else(|| {
+            info.key_var
+                .and_then(|v| non_empty(env(v)))
+                .map(SecretString::from)
+        });
     let api_key = match (info.key_var, api_key) {
         (Some(variable), None) => {
             return Err(ProviderConfigError::MissingApiKey {
@@ -209,7 +261,7 @@ pub fn model_from_spec_with_env(
     if loopback_only && !is_loopback(&base) {
         return Err(ProviderConfigError::NonLoopbackRefused {
             provider: provider.to_owned(),
-            url: raw_base,
+            url: crate::redact::display_url_text(&raw_base),
         });
     }
     let mut client = reqwest::Client::builder()
@@ -222,7 +274,7 @@ pub fn model_from_spec_with_env(
     let client = client
         .build()
         .map_err(|e| ProviderConfigError::Client(e.to_string()))?;
-    let key = api_key.unwrap_or_default();
+    let key = api_key.unwrap_or_else(|| SecretString::from(""));
     let protocol: Box<dyn Protocol> = match provider {
         "anthropic" => Box::new(Anthropic {
             url: endpoint(&base, "/v1", "/messages"),
@@ -258,7 +310,9 @@ pub fn model_from_spec_with_env(
         }),
         _ => Box::new(Ollama {
             url: endpoint(&base, "/api", "/chat"),
-            api_key: non_empty(env("OLLAMA_API_KEY")).or(non_empty(Some(key))),
+            api_key: non_empty(env("OLLAMA_API_KEY"))
+                .map(SecretString::from)
+                .or_else(|| (!key.expose_secret().trim().is_empty()).then_some(key)),
         }),
     };
     let pricing_table = options
@@ -283,6 +337,8 @@ pub fn model_from_spec_with_env(
         client,
         retry: options.retry,
         idle_timeout: options.idle_timeout,
+        call_timeout: options.call_timeout,
+        max_event_bytes: options.max_event_bytes.max(1),
         sleeper: options
             .sleeper
             .clone()
@@ -298,15 +354,16 @@ fn parse_base(provider: &str, raw: &str) -> Result<Url, ProviderConfigError> {
     } else {
         format!("http://{raw}")
     };
+    // The URL is shown without userinfo or query: either may hold a credential.
     let url = Url::parse(&with_scheme).map_err(|e| ProviderConfigError::InvalidBaseUrl {
         provider: provider.to_owned(),
-        url: raw.to_owned(),
+        url: crate::redact::display_url_text(raw),
         reason: e.to_string(),
     })?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err(ProviderConfigError::InvalidBaseUrl {
             provider: provider.to_owned(),
-            url: raw.to_owned(),
+            url: crate::redact::display_url_text(raw),
             reason: "expected an http:// or https:// URL with a host".to_owned(),
         });
     }

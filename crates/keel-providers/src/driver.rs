@@ -1,7 +1,9 @@
 //! The shared streaming driver: one [`HttpModel`] runs any wire [`Protocol`] over HTTP
-//! with connect and idle timeouts, error classification, the retry policy, restarts after
-//! partial output, and cost computation from the pricing table.
+//! with connect and idle timeouts, an overall deadline per call, a byte limit per streamed
+//! line or event, error classification, the retry policy, restarts after partial output,
+//! and cost computation from the pricing table.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +15,10 @@ use keel_core::{
 };
 use reqwest::RequestBuilder;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use crate::errors::{classify_http, classify_transport};
-use crate::framing::{Frame, FrameParser, Framing};
+use crate::framing::{Frame, FrameParser, FrameTooLarge, Framing};
 use crate::pricing::{ModelPricing, PricingTable};
 use crate::retry::{RetryConfig, Sleeper};
 
@@ -65,6 +68,32 @@ pub(crate) fn malformed(provider: &str, data: &str, error: &serde_json::Error) -
     e
 }
 
+/// The error for a line or event larger than the limit. Not retryable: a server that
+/// streams such an event is misbehaving, and asking again would download it again.
+fn too_large(provider: &str, error: FrameTooLarge) -> ModelError {
+    ModelError::new(
+        ModelErrorKind::Other,
+        format!(
+            "{provider}: {error} (ProviderOptions::max_event_bytes); the server is sending an \
+             endless or oversized event — raise max_event_bytes only if it really sends events \
+             that large"
+        ),
+    )
+}
+
+/// How a wait bounded by the idle timeout and the call deadline ended.
+enum Bounded<T> {
+    /// The future finished in time.
+    Ready(T),
+    /// The idle timeout passed first.
+    Idle,
+    /// The call's overall deadline passed first.
+    Deadline,
+}
+
+/// The longest `call_timeout` honoured as a deadline (a larger one means no deadline).
+const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 /// A model reached over HTTP through a [`Protocol`].
 pub(crate) struct HttpModel {
     pub(crate) protocol: Box<dyn Protocol>,
@@ -72,6 +101,10 @@ pub(crate) struct HttpModel {
     pub(crate) client: reqwest::Client,
     pub(crate) retry: RetryConfig,
     pub(crate) idle_timeout: Duration,
+    /// Overall deadline of one call, retries and their waits included.
+    pub(crate) call_timeout: Duration,
+    /// Limit on one streamed line or event, in bytes.
+    pub(crate) max_event_bytes: usize,
     pub(crate) sleeper: Arc<dyn Sleeper>,
     pub(crate) pricing: Option<ModelPricing>,
     pub(crate) capabilities: ModelCapabilities,
@@ -82,7 +115,7 @@ impl std::fmt::Debug for HttpModel {
         f.debug_struct("HttpModel")
             .field("provider", &self.protocol.provider())
             .field("model", &self.model)
-            .field("url", &self.protocol.url())
+            .field("url", &crate::redact::display_url_text(self.protocol.url()))
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +129,50 @@ impl HttpModel {
         table.lookup(provider, model).cloned()
     }
 
-    async fn send(&self, body: &Bytes) -> Result<reqwest::Response, ModelError> {
+    /// When a call started now must end, or `None` for an unreachable deadline.
+    fn deadline(&self) -> Option<Instant> {
+        if self.call_timeout > MAX_CALL_TIMEOUT {
+            return None;
+        }
+        Instant::now().checked_add(self.call_timeout)
+    }
+
+    /// Awaits `future` for at most the idle timeout, and never past `deadline`.
+    async fn bounded<F: Future>(&self, deadline: Option<Instant>, future: F) -> Bounded<F::Output> {
+        let idle_end = Instant::now().checked_add(self.idle_timeout);
+        let (end, on_timeout) = match (idle_end, deadline) {
+            (Some(idle), Some(deadline)) if deadline <= idle => (Some(deadline), Bounded::Deadline),
+            (Some(idle), _) => (Some(idle), Bounded::Idle),
+            (None, Some(deadline)) => (Some(deadline), Bounded::Deadline),
+            (None, None) => (None, Bounded::Idle),
+        };
+        let Some(end) = end else {
+            return Bounded::Ready(future.await);
+        };
+        match tokio::time::timeout_at(end, future).await {
+            Ok(value) => Bounded::Ready(value),
+            Err(_) => on_timeout,
+        }
+    }
+
+    /// The error for a call that outlived its deadline. Final: the deadline covers the
+    /// retries too, so there is no time left to try again.
+    fn deadline_error(&self, provider: &str) -> ModelError {
+        ModelError::new(
+            ModelErrorKind::Timeout,
+            format!(
+                "{provider}: the call did not finish within its deadline of {} ms \
+                 (ProviderOptions::call_timeout), retries included",
+                self.call_timeout.as_millis()
+            ),
+        )
+    }
+
+    async fn send(
+        &self,
+        body: &Bytes,
+        deadline: Option<Instant>,
+    ) -> Result<reqwest::Response, ModelError> {
         let provider = self.protocol.provider();
         let builder = self
             .client
@@ -104,8 +180,9 @@ impl HttpModel {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone());
         let builder = self.protocol.headers(builder);
-        let response = match tokio::time::timeout(self.idle_timeout, builder.send()).await {
-            Err(_) => {
+        let response = match self.bounded(deadline, builder.send()).await {
+            Bounded::Deadline => return Err(self.deadline_error(provider)),
+            Bounded::Idle => {
                 return Err(ModelError::new(
                     ModelErrorKind::Timeout,
                     format!(
@@ -114,17 +191,18 @@ impl HttpModel {
                     ),
                 ));
             }
-            Ok(Err(error)) => return Err(classify_transport(provider, &error, false)),
-            Ok(Ok(response)) => response,
+            Bounded::Ready(Err(error)) => return Err(classify_transport(provider, error, false)),
+            Bounded::Ready(Ok(response)) => response,
         };
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
         let headers = response.headers().clone();
-        let text = match tokio::time::timeout(self.idle_timeout, response.text()).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(_)) | Err(_) => String::new(),
+        let text = match self.bounded(deadline, response.text()).await {
+            Bounded::Ready(Ok(text)) => text,
+            Bounded::Deadline => return Err(self.deadline_error(provider)),
+            Bounded::Ready(Err(_)) | Bounded::Idle => String::new(),
         };
         Err(classify_http(provider, status.as_u16(), &headers, &text))
     }
@@ -175,6 +253,7 @@ impl Model for HttpModel {
                     return;
                 }
             };
+            let deadline = self.deadline();
             let mut attempt: u32 = 1;
             let mut previous_wait: Option<Duration> = None;
             loop {
@@ -182,18 +261,20 @@ impl Model for HttpModel {
                 let mut cost_seen = false;
                 let mut last_usage: Option<Usage> = None;
                 let failure: ModelError = 'attempt: {
-                    let response = match self.send(&body).await {
+                    let response = match self.send(&body, deadline).await {
                         Ok(response) => response,
                         Err(error) => break 'attempt error,
                     };
                     let mut bytes = response.bytes_stream();
-                    let mut parser = FrameParser::new(self.protocol.framing());
+                    let mut parser =
+                        FrameParser::with_limit(self.protocol.framing(), self.max_event_bytes);
                     let mut decoder = self.protocol.decoder();
                     let mut out: Vec<StreamEvent> = Vec::new();
                     loop {
-                        let next = tokio::time::timeout(self.idle_timeout, bytes.next()).await;
+                        let next = self.bounded(deadline, bytes.next()).await;
                         let (frames, ended) = match next {
-                            Err(_) => {
+                            Bounded::Deadline => break 'attempt self.deadline_error(provider),
+                            Bounded::Idle => {
                                 break 'attempt ModelError::new(
                                     ModelErrorKind::Timeout,
                                     format!(
@@ -202,11 +283,15 @@ impl Model for HttpModel {
                                     ),
                                 );
                             }
-                            Ok(None) => (parser.finish(), true),
-                            Ok(Some(Err(error))) => {
-                                break 'attempt classify_transport(provider, &error, true);
+                            Bounded::Ready(None) => (parser.finish(), true),
+                            Bounded::Ready(Some(Err(error))) => {
+                                break 'attempt classify_transport(provider, error, true);
                             }
-                            Ok(Some(Ok(chunk))) => (parser.push(&chunk), false),
+                            Bounded::Ready(Some(Ok(chunk))) => (parser.push(&chunk), false),
+                        };
+                        let frames = match frames {
+                            Ok(frames) => frames,
+                            Err(error) => break 'attempt too_large(provider, error),
                         };
                         let mut decode_error = None;
                         for frame in frames {
@@ -251,8 +336,28 @@ impl Model for HttpModel {
                         }
                     }
                 };
+                let out_of_time = |wait: Duration| {
+                    deadline.is_some_and(|end| {
+                        Instant::now().checked_add(wait).is_none_or(|resume| resume >= end)
+                    })
+                };
+                let past_deadline = deadline.is_some_and(|end| Instant::now() >= end);
                 match self.retry.next_wait(attempt, &failure, previous_wait) {
+                    _ if past_deadline => {
+                        yield Err(failure);
+                        return;
+                    }
                     None => {
+                        yield Err(failure);
+                        return;
+                    }
+                    Some(wait) if out_of_time(wait) => {
+                        let mut failure = failure;
+                        failure.message.push_str(&format!(
+                            " (not retried: waiting {} ms would pass the call deadline of {} ms)",
+                            wait.as_millis(),
+                            self.call_timeout.as_millis()
+                        ));
                         yield Err(failure);
                         return;
                     }

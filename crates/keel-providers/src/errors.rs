@@ -257,7 +257,11 @@ pub fn classify_stream_error(provider: &str, value: &Value) -> ModelError {
 }
 
 /// Classifies a transport failure from reqwest.
-pub fn classify_transport(provider: &str, error: &reqwest::Error, during_body: bool) -> ModelError {
+///
+/// reqwest's message names the full request URL, which can carry secrets (a key in the
+/// query string after a redirect, userinfo); the message built here shows only
+/// `scheme://host:port/path` instead.
+pub fn classify_transport(provider: &str, error: reqwest::Error, during_body: bool) -> ModelError {
     let kind = if error.is_timeout() {
         ModelErrorKind::Timeout
     } else if during_body || error.is_body() || error.is_decode() {
@@ -265,12 +269,25 @@ pub fn classify_transport(provider: &str, error: &reqwest::Error, during_body: b
     } else {
         ModelErrorKind::Network
     };
+    let full_url = error.url().map(ToString::to_string);
+    let shown_url = error.url().map(crate::redact::display_url);
+    let error = error.without_url();
     let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
+    if let Some(url) = &shown_url {
+        text.push_str(" for ");
+        text.push_str(url);
+    }
+    let mut source = std::error::Error::source(&error);
     while let Some(inner) = source {
         text.push_str(": ");
         text.push_str(&inner.to_string());
         source = inner.source();
+    }
+    // A source error could quote the URL too; never let the full form through.
+    if let (Some(full), Some(shown)) = (&full_url, &shown_url)
+        && full != shown
+    {
+        text = text.replace(full.as_str(), shown);
     }
     ModelError::new(kind, format!("{provider}: {text}"))
 }

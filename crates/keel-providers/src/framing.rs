@@ -2,7 +2,23 @@
 //!
 //! Both parsers accept bytes in arbitrary chunks (a chunk may end in the middle of a line
 //! or of a multi-byte UTF-8 character) and return the complete frames found so far. They
-//! never panic and never buffer more than one unfinished line plus one unfinished event.
+//! never panic and never buffer more than one unfinished line plus one unfinished event,
+//! each bounded by a byte limit ([`DEFAULT_MAX_EVENT_BYTES`] unless set with
+//! `with_limit`): a server that sends an endless line or an endless event makes `push`
+//! fail with [`FrameTooLarge`] instead of exhausting memory.
+
+/// The default limit on one line and on one event's data, in bytes (16 MiB).
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// A line, or an event's joined `data:` lines, grew past the parser's byte limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a {what} in the response stream exceeds the limit of {limit} bytes")]
+pub struct FrameTooLarge {
+    /// What outgrew the limit: `line` or `event`.
+    pub what: &'static str,
+    /// The limit, in bytes.
+    pub limit: usize,
+}
 
 /// One Server-Sent Event (comments and `retry:` lines are dropped).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -24,16 +40,26 @@ pub enum Frame {
     Line(String),
 }
 
-/// Splits bytes into lines (`\n`, `\r\n` or `\r`), keeping the unfinished tail.
-#[derive(Debug, Default)]
+/// Splits bytes into lines (`\n`, `\r\n` or `\r`), keeping the unfinished tail (at most
+/// `limit` bytes).
+#[derive(Debug)]
 struct LineBuffer {
     pending: Vec<u8>,
     /// The previous chunk ended in `\r`; a leading `\n` in the next one belongs to it.
     skip_lf: bool,
+    limit: usize,
 }
 
 impl LineBuffer {
-    fn push(&mut self, chunk: &[u8], out: &mut Vec<String>) {
+    fn new(limit: usize) -> Self {
+        Self {
+            pending: Vec::new(),
+            skip_lf: false,
+            limit,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8], out: &mut Vec<String>) -> Result<(), FrameTooLarge> {
         for &byte in chunk {
             if self.skip_lf {
                 self.skip_lf = false;
@@ -47,9 +73,18 @@ impl LineBuffer {
                     out.push(self.take());
                     self.skip_lf = true;
                 }
-                other => self.pending.push(other),
+                other => {
+                    if self.pending.len() >= self.limit {
+                        return Err(FrameTooLarge {
+                            what: "line",
+                            limit: self.limit,
+                        });
+                    }
+                    self.pending.push(other);
+                }
             }
         }
+        Ok(())
     }
 
     fn take(&mut self) -> String {
@@ -67,49 +102,72 @@ impl LineBuffer {
 }
 
 /// Incremental Server-Sent Events parser (the WHATWG `text/event-stream` rules).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SseParser {
     lines: LineBuffer,
     current: SseEvent,
     has_data: bool,
     scratch: Vec<String>,
+    limit: usize,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl SseParser {
-    /// A new parser.
+    /// A new parser with the default limit ([`DEFAULT_MAX_EVENT_BYTES`]).
     pub fn new() -> Self {
-        Self::default()
+        Self::with_limit(DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A new parser that refuses a line, or an event's data, longer than `limit` bytes.
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            lines: LineBuffer::new(limit),
+            current: SseEvent::default(),
+            has_data: false,
+            scratch: Vec::new(),
+            limit,
+        }
     }
 
     /// Feeds a chunk of bytes; returns the events completed by it.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<SseEvent>, FrameTooLarge> {
         let mut lines = std::mem::take(&mut self.scratch);
-        self.lines.push(chunk, &mut lines);
+        let pushed = self.lines.push(chunk, &mut lines);
         let mut events = Vec::new();
+        let mut result = Ok(());
         for line in lines.drain(..) {
-            self.line(&line, &mut events);
+            if result.is_ok() {
+                result = self.line(&line, &mut events);
+            }
         }
         self.scratch = lines;
-        events
+        pushed?;
+        result?;
+        Ok(events)
     }
 
     /// Ends the input: a final event not followed by a blank line is still dispatched.
-    pub fn finish(&mut self) -> Vec<SseEvent> {
+    pub fn finish(&mut self) -> Result<Vec<SseEvent>, FrameTooLarge> {
         let mut events = Vec::new();
         if let Some(line) = self.lines.finish() {
-            self.line(&line, &mut events);
+            self.line(&line, &mut events)?;
         }
         self.dispatch(&mut events);
-        events
+        Ok(events)
     }
 
-    fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) {
+    fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) -> Result<(), FrameTooLarge> {
         if line.is_empty() {
             self.dispatch(events);
-            return;
+            return Ok(());
         }
         if line.starts_with(':') {
-            return; // comment, e.g. `: OPENROUTER PROCESSING`
+            return Ok(()); // comment, e.g. `: OPENROUTER PROCESSING`
         }
         let (field, value) = match line.split_once(':') {
             Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
@@ -118,6 +176,18 @@ impl SseParser {
         match field {
             "event" => self.current.event = Some(value.to_owned()),
             "data" => {
+                let joined = self
+                    .current
+                    .data
+                    .len()
+                    .saturating_add(usize::from(self.has_data))
+                    .saturating_add(value.len());
+                if joined > self.limit {
+                    return Err(FrameTooLarge {
+                        what: "event",
+                        limit: self.limit,
+                    });
+                }
                 if self.has_data {
                     self.current.data.push('\n');
                 }
@@ -127,6 +197,7 @@ impl SseParser {
             "id" => self.current.id = Some(value.to_owned()),
             _ => {} // `retry:` and unknown fields are ignored
         }
+        Ok(())
     }
 
     fn dispatch(&mut self, events: &mut Vec<SseEvent>) {
@@ -138,23 +209,36 @@ impl SseParser {
 }
 
 /// Incremental newline-delimited JSON splitter: returns each non-blank line.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NdjsonParser {
     lines: LineBuffer,
 }
 
+impl Default for NdjsonParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl NdjsonParser {
-    /// A new parser.
+    /// A new parser with the default limit ([`DEFAULT_MAX_EVENT_BYTES`]).
     pub fn new() -> Self {
-        Self::default()
+        Self::with_limit(DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A new parser that refuses a line longer than `limit` bytes.
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            lines: LineBuffer::new(limit),
+        }
     }
 
     /// Feeds a chunk of bytes; returns the complete non-blank lines in it.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, FrameTooLarge> {
         let mut lines = Vec::new();
-        self.lines.push(chunk, &mut lines);
+        self.lines.push(chunk, &mut lines)?;
         lines.retain(|line| !line.trim().is_empty());
-        lines
+        Ok(lines)
     }
 
     /// Ends the input: a last line without a newline is still returned.
@@ -186,28 +270,33 @@ pub enum FrameParser {
 }
 
 impl FrameParser {
-    /// A parser for a framing.
+    /// A parser for a framing, with the default limit ([`DEFAULT_MAX_EVENT_BYTES`]).
     pub fn new(framing: Framing) -> Self {
+        Self::with_limit(framing, DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A parser for a framing that refuses a line or event longer than `limit` bytes.
+    pub fn with_limit(framing: Framing, limit: usize) -> Self {
         match framing {
-            Framing::Sse => Self::Sse(SseParser::new()),
-            Framing::Ndjson => Self::Ndjson(NdjsonParser::new()),
+            Framing::Sse => Self::Sse(SseParser::with_limit(limit)),
+            Framing::Ndjson => Self::Ndjson(NdjsonParser::with_limit(limit)),
         }
     }
 
     /// Feeds bytes.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<Frame> {
-        match self {
-            Self::Sse(p) => p.push(chunk).into_iter().map(Frame::Sse).collect(),
-            Self::Ndjson(p) => p.push(chunk).into_iter().map(Frame::Line).collect(),
-        }
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Frame>, FrameTooLarge> {
+        Ok(match self {
+            Self::Sse(p) => p.push(chunk)?.into_iter().map(Frame::Sse).collect(),
+            Self::Ndjson(p) => p.push(chunk)?.into_iter().map(Frame::Line).collect(),
+        })
     }
 
     /// Ends the input.
-    pub fn finish(&mut self) -> Vec<Frame> {
-        match self {
-            Self::Sse(p) => p.finish().into_iter().map(Frame::Sse).collect(),
+    pub fn finish(&mut self) -> Result<Vec<Frame>, FrameTooLarge> {
+        Ok(match self {
+            Self::Sse(p) => p.finish()?.into_iter().map(Frame::Sse).collect(),
             Self::Ndjson(p) => p.finish().into_iter().map(Frame::Line).collect(),
-        }
+        })
     }
 }
 
@@ -219,28 +308,75 @@ mod tests {
     fn sse_basics() {
         let mut p = SseParser::new();
         let input = b": OPENROUTER PROCESSING\n\nevent: ping\ndata: {}\n\ndata: a\ndata: b\r\n\r\nretry: 5\nid: 7\ndata:x\n\n";
-        let events = p.push(input);
+        let events = p.push(input).unwrap();
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].event.as_deref(), Some("ping"));
         assert_eq!(events[1].data, "a\nb");
         assert_eq!(events[2].data, "x");
         assert_eq!(events[2].id.as_deref(), Some("7"));
-        assert!(p.finish().is_empty());
+        assert!(p.finish().unwrap().is_empty());
     }
 
     #[test]
     fn sse_final_event_without_blank_line() {
         let mut p = SseParser::new();
-        assert!(p.push(b"data: [DONE]").is_empty());
-        assert_eq!(p.finish()[0].data, "[DONE]");
+        assert!(p.push(b"data: [DONE]").unwrap().is_empty());
+        assert_eq!(p.finish().unwrap()[0].data, "[DONE]");
     }
 
     #[test]
     fn ndjson_lines() {
         let mut p = NdjsonParser::new();
-        let lines = p.push(b"{\"a\":1}\n\n{\"b\"");
+        let lines = p.push(b"{\"a\":1}\n\n{\"b\"").unwrap();
         assert_eq!(lines, vec!["{\"a\":1}".to_string()]);
-        assert!(p.push(b":2}").is_empty());
+        assert!(p.push(b":2}").unwrap().is_empty());
         assert_eq!(p.finish(), vec!["{\"b\":2}".to_string()]);
+    }
+
+    #[test]
+    fn an_endless_line_fails_at_the_limit() {
+        let mut p = FrameParser::with_limit(Framing::Ndjson, 1024);
+        assert!(p.push(&[b'x'; 1000]).unwrap().is_empty());
+        assert_eq!(
+            p.push(&[b'x'; 100]),
+            Err(FrameTooLarge {
+                what: "line",
+                limit: 1024
+            })
+        );
+        let mut p = FrameParser::with_limit(Framing::Sse, 1024);
+        let mut line = b"data: ".to_vec();
+        line.extend([b'y'; 2000]);
+        assert_eq!(p.push(&line).unwrap_err().what, "line");
+        // Exactly at the limit is still fine.
+        let mut p = NdjsonParser::with_limit(4);
+        assert_eq!(p.push(b"abcd\n").unwrap(), vec!["abcd".to_string()]);
+    }
+
+    #[test]
+    fn an_event_of_many_short_data_lines_fails_at_the_limit() {
+        let mut p = SseParser::with_limit(1024);
+        let mut failed = None;
+        for _ in 0..100 {
+            match p.push(b"data: 0123456789abcdef0123456789abcdef\n") {
+                Ok(events) => assert!(events.is_empty()),
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            failed,
+            Some(FrameTooLarge {
+                what: "event",
+                limit: 1024
+            })
+        );
+        // The same lines split into events under the limit pass.
+        let mut p = SseParser::with_limit(1024);
+        for _ in 0..100 {
+            assert_eq!(p.push(b"data: 0123456789abcdef\n\n").unwrap().len(), 1);
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! Each adapter implements [`keel_core::Model`]; they share one HTTP driver with SSE and
 //! NDJSON framing, error classification into [`keel_core::ModelError`], a retry policy
 //! ([`RetryConfig`]) that reports every retry as a stream event, idle and connect
-//! timeouts, token estimates (tiktoken for OpenAI-family models) and a pricing table.
+//! timeouts, an overall per-call deadline, a byte limit per streamed event, token estimates (tiktoken for OpenAI-family models) and a pricing table.
 //!
 //! The entry point is [`model_from_spec`] (`"anthropic:claude-sonnet-4-5"` → a model).
 //!
@@ -20,13 +20,18 @@ mod ollama;
 mod openai_chat;
 mod openai_responses;
 pub mod pricing;
+mod redact;
 pub mod retry;
 pub mod tokens;
 
 pub use anthropic::ANTHROPIC_VERSION;
 pub use config::{
-    PROVIDERS, ProviderConfigError, ProviderOptions, TEST_MODE_VAR, is_loopback, model_from_spec,
-    model_from_spec_with_env,
+    DEFAULT_CALL_TIMEOUT, PROVIDERS, ProviderConfigError, ProviderOptions, TEST_MODE_VAR,
+    is_loopback, model_from_spec, model_from_spec_with_env,
 };
+pub use framing::DEFAULT_MAX_EVENT_BYTES;
 pub use pricing::{ModelPricing, PricingError, PricingTable};
 pub use retry::{Jitter, RecordingSleeper, RetryConfig, Sleeper, TokioSleeper};
+/// The secret type of [`ProviderOptions::api_key`], re-exported so callers need no
+/// direct `secrecy` dependency.
+pub use secrecy::{ExposeSecret, SecretString};

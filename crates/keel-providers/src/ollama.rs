@@ -9,6 +9,7 @@ use keel_core::{
     ModelError, ModelRequest, Part, Role, StopReason, StreamEvent, ToolCall, ToolChoice, Usage,
 };
 use reqwest::RequestBuilder;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::driver::{Decoder, Protocol, malformed, truncated};
@@ -19,7 +20,7 @@ const PROVIDER: &str = "ollama";
 
 pub(crate) struct Ollama {
     pub(crate) url: String,
-    pub(crate) api_key: Option<String>,
+    pub(crate) api_key: Option<SecretString>,
 }
 
 impl Protocol for Ollama {
@@ -33,7 +34,7 @@ impl Protocol for Ollama {
 
     fn headers(&self, builder: RequestBuilder) -> RequestBuilder {
         match &self.api_key {
-            Some(key) => builder.bearer_auth(key),
+            Some(key) => builder.bearer_auth(key.expose_secret()),
             None => builder,
         }
     }

@@ -14,6 +14,7 @@ use keel_core::{
     ToolChoice, Usage,
 };
 use reqwest::RequestBuilder;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::driver::{Decoder, Protocol, malformed, truncated};
@@ -30,7 +31,7 @@ pub(crate) enum Flavor {
 pub(crate) struct OpenAiChat {
     pub(crate) flavor: Flavor,
     pub(crate) url: String,
-    pub(crate) api_key: String,
+    pub(crate) api_key: SecretString,
     /// OpenRouter attribution: `HTTP-Referer` and `X-Title`.
     pub(crate) app_url: Option<String>,
     pub(crate) app_title: Option<String>,
@@ -50,7 +51,7 @@ impl Protocol for OpenAiChat {
 
     fn headers(&self, builder: RequestBuilder) -> RequestBuilder {
         let mut builder = builder
-            .bearer_auth(&self.api_key)
+            .bearer_auth(self.api_key.expose_secret())
             .header(reqwest::header::ACCEPT, "text/event-stream");
         if self.flavor == Flavor::OpenRouter {
             if let Some(url) = &self.app_url {

@@ -9,6 +9,7 @@ use keel_core::{
     ModelError, ModelRequest, Part, Role, StopReason, StreamEvent, ToolCall, ToolChoice, Usage,
 };
 use reqwest::RequestBuilder;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::driver::{Decoder, Protocol, malformed, truncated};
@@ -19,7 +20,7 @@ const PROVIDER: &str = "openai-responses";
 
 pub(crate) struct OpenAiResponses {
     pub(crate) url: String,
-    pub(crate) api_key: String,
+    pub(crate) api_key: SecretString,
 }
 
 impl Protocol for OpenAiResponses {
@@ -33,7 +34,7 @@ impl Protocol for OpenAiResponses {
 
     fn headers(&self, builder: RequestBuilder) -> RequestBuilder {
         builder
-            .bearer_auth(&self.api_key)
+            .bearer_auth(self.api_key.expose_secret())
             .header(reqwest::header::ACCEPT, "text/event-stream")
     }
 

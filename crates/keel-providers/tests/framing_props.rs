@@ -25,9 +25,9 @@ fn sse_in_chunks(input: &[u8], cuts: &[usize]) -> Vec<SseEvent> {
     let mut events = Vec::new();
     let points = split_points(input.len(), cuts);
     for pair in points.windows(2) {
-        events.extend(parser.push(&input[pair[0]..pair[1]]));
+        events.extend(parser.push(&input[pair[0]..pair[1]]).unwrap());
     }
-    events.extend(parser.finish());
+    events.extend(parser.finish().unwrap());
     events
 }
 
@@ -100,7 +100,7 @@ proptest! {
         let mut got = Vec::new();
         let points = split_points(bytes.len(), &cuts);
         for pair in points.windows(2) {
-            got.extend(parser.push(&bytes[pair[0]..pair[1]]));
+            got.extend(parser.push(&bytes[pair[0]..pair[1]]).unwrap());
         }
         got.extend(parser.finish());
         prop_assert_eq!(got, lines);

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_core::definition::sha256_hex;
 use keel_core::observation::{DefaultNormalizer, ObservationMode, ObservationNormalizer};
 use keel_core::planner::{self, PlannerMode};
 use keel_core::{
-    Budget, Critic, Message, Model, PolicyTable, ToolChoice, ToolDefinition, ToolRegistry,
+    AgentDefinition, AgentFingerprint, Budget, Critic, Message, Model, PolicyTable, ToolChoice,
+    ToolDefinition, ToolFingerprint, ToolRegistry,
 };
 
 use crate::context::RunContext;
@@ -27,7 +29,11 @@ pub struct Agent {
     pub(crate) budget: Budget,
     pub(crate) tool_choice: ToolChoice,
     pub(crate) temperature: Option<f32>,
-    pub(crate) max_output_tokens: Option<u32>,
+    /// Tokens the context budget reserves for each answer.
+    pub(crate) output_reserve: u32,
+    /// The output limit sent with each request (`max_output_tokens`, or the reservation
+    /// when it had to be capped to fit the window).
+    pub(crate) request_max_output: Option<u32>,
     pub(crate) stream_idle_timeout: Duration,
     pub(crate) policy: PolicyTable,
     pub(crate) observation_mode: ObservationMode,
@@ -38,6 +44,10 @@ pub struct Agent {
     pub(crate) max_invalid_actions: u32,
     pub(crate) action_schema: Option<serde_json::Value>,
     pub(crate) context: crate::compaction::ContextConfig,
+    /// What each run records about this agent (recipe and fingerprint).
+    pub(crate) definition: AgentDefinition,
+    /// The estimate of the fixed part of requests, kept between calls.
+    pub(crate) fixed_tokens: crate::compaction::FixedTokens,
 }
 
 impl std::fmt::Debug for Agent {
@@ -73,7 +83,14 @@ impl Agent {
             control_tools: true,
             max_invalid_actions: 2,
             context: crate::compaction::ContextSettings::default(),
+            recipe: serde_json::Value::Null,
         }
+    }
+
+    /// What every run of this agent records in its `RunStarted` event: the recipe the
+    /// application layer rebuilds the agent from, and the agent's fingerprint.
+    pub fn definition(&self) -> &AgentDefinition {
+        &self.definition
     }
 
     /// The agent's name.
@@ -117,7 +134,19 @@ impl Agent {
         runner::start(self, new_messages, thread, context).await
     }
 
-    /// Continues the run in progress on `thread` (after a pause or a crash).
+    /// Checks that this agent may continue the run in progress on `thread`: compared with
+    /// the definition the run recorded when it started, no tool of the run may be missing
+    /// or have changed its input schema. Returns the compatible differences (another model,
+    /// changed instructions…), which [`Agent::resume`] records as an `agent_changed` notice.
+    /// Call it before recording a human decision, so an agent that cannot continue the
+    /// run is refused before anything is written.
+    pub fn check_resumable(&self, thread: &Thread) -> Result<Vec<String>, RunError> {
+        runner::check_resumable(self, thread)
+    }
+
+    /// Continues the run in progress on `thread` (after a pause or a crash). Fails with
+    /// [`RunError::IncompatibleAgent`], before any model call, when this agent cannot
+    /// continue it (see [`Agent::check_resumable`]).
     pub async fn resume(
         &self,
         thread: &mut Thread,
@@ -147,9 +176,19 @@ pub struct AgentBuilder {
     control_tools: bool,
     max_invalid_actions: u32,
     context: crate::compaction::ContextSettings,
+    recipe: serde_json::Value,
 }
 
 impl AgentBuilder {
+    /// How the application layer rebuilds this agent (model spec, provider options, tool
+    /// selection, agent file…), recorded in every run's `RunStarted` event so that
+    /// `resume`, approvals and workers can rebuild the agent from the log alone. Never put
+    /// secrets here: keys are resolved from the environment again on rebuild.
+    pub fn recipe(mut self, recipe: serde_json::Value) -> Self {
+        self.recipe = recipe;
+        self
+    }
+
     /// The context strategy keeping requests within the context window (default
     /// `truncate`): `truncate`, `summarize` or `importance`.
     pub fn context_strategy(mut self, kind: keel_core::context::StrategyKind) -> Self {
@@ -328,6 +367,27 @@ impl AgentBuilder {
                 (Vec::new(), Some(planner::action_schema(&tool_names)))
             }
         };
+        let context = self.context.build();
+        let caps = self.model.capabilities();
+        let window = context.context_window.unwrap_or(caps.context_window);
+        let (output_reserve, request_max_output) =
+            output_limits(self.max_output_tokens, caps.max_output_tokens, window);
+        let mut tools: Vec<ToolFingerprint> = self.tools.specs().map(ToolFingerprint::of).collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let definition = AgentDefinition {
+            recipe: self.recipe,
+            fingerprint: AgentFingerprint {
+                model: self.model.id(),
+                system_prompt_sha256: sha256_hex(&system_prompt),
+                tools,
+                planner: self.planner_mode,
+                observation: self.observation_mode,
+                critic: self.critic.is_some(),
+                context_strategy: context.strategy.as_ref().map(|s| s.name().to_string()),
+                context_window: context.context_window,
+                max_output_tokens: self.max_output_tokens,
+            },
+        };
         Agent {
             name: self.name,
             executor: ToolExecutor::new(&self.tools),
@@ -338,7 +398,8 @@ impl AgentBuilder {
             budget: self.budget,
             tool_choice: self.tool_choice,
             temperature: self.temperature,
-            max_output_tokens: self.max_output_tokens,
+            output_reserve,
+            request_max_output,
             stream_idle_timeout: self.stream_idle_timeout,
             policy: self.policy,
             observation_mode: self.observation_mode,
@@ -348,7 +409,53 @@ impl AgentBuilder {
             planner_mode: self.planner_mode,
             max_invalid_actions: self.max_invalid_actions,
             action_schema,
-            context: self.context.build(),
+            context,
+            definition,
+            fixed_tokens: crate::compaction::FixedTokens::default(),
         }
+    }
+}
+
+/// The largest share of the context window reserved for the answer when the output limit
+/// is not set explicitly (a quarter: a model whose default limit is 32k tokens still
+/// works in a 2k window).
+pub const MAX_IMPLICIT_OUTPUT_SHARE: u32 = 4;
+
+/// `(reserved, sent)`: the tokens the context budget reserves for each answer and the
+/// output limit sent with requests. An explicit limit is used as given (a window too
+/// small for it is reported before the first call); otherwise the model's limit, capped
+/// at a quarter of the window — and then sent, so the answer cannot outgrow the
+/// reservation.
+pub(crate) fn output_limits(
+    explicit: Option<u32>,
+    model_limit: u32,
+    window: u32,
+) -> (u32, Option<u32>) {
+    match explicit {
+        Some(tokens) => (tokens, Some(tokens)),
+        None => {
+            let share = (window / MAX_IMPLICIT_OUTPUT_SHARE).max(1);
+            if model_limit > share {
+                (share, Some(share))
+            } else {
+                (model_limit, None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::output_limits;
+
+    #[test]
+    fn implicit_output_reservation_is_capped_at_a_quarter_of_the_window() {
+        assert_eq!(output_limits(None, 32_768, 2_000), (500, Some(500)));
+        assert_eq!(output_limits(None, 4_096, 128_000), (4_096, None));
+        assert_eq!(
+            output_limits(Some(1_500), 32_768, 2_000),
+            (1_500, Some(1_500))
+        );
+        assert_eq!(output_limits(None, 32_768, 0), (1, Some(1)));
     }
 }

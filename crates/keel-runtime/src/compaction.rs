@@ -114,10 +114,12 @@ pub(crate) fn request_budget(
 ) -> TokenBudget {
     let caps = agent.model.capabilities();
     let window = agent.context.context_window.unwrap_or(caps.context_window);
-    let output = agent.max_output_tokens.unwrap_or(caps.max_output_tokens);
+    let output = agent.output_reserve;
     let mut fixed_request = *request;
     fixed_request.messages = &[];
-    let fixed = agent.model.estimate_tokens(&fixed_request);
+    let fixed = agent
+        .fixed_tokens
+        .estimate(agent.model.as_ref(), &fixed_request);
     let budget = TokenBudget::new(u64::from(window), u64::from(output), fixed);
     match last_correction(journal) {
         Some(ratio) => budget.with_correction(ratio),
@@ -285,4 +287,40 @@ pub(crate) async fn prepare(
         .append_batch(kinds.into_iter().map(|k| (k, span.clone())).collect())
         .await?;
     Ok(Prepared::Ready)
+}
+
+/// The estimate of a request's fixed part (system prompt and tool definitions), which is
+/// the same on nearly every call of an agent: kept for the last system prompt and tool set
+/// seen, so a model call does not tokenize it again (tokenizing can cost more than the
+/// rest of the step).
+#[derive(Debug, Default)]
+pub(crate) struct FixedTokens {
+    last: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+impl FixedTokens {
+    fn estimate(&self, model: &dyn Model, fixed: &ModelRequest<'_>) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        fixed.system.hash(&mut hasher);
+        fixed.tools.len().hash(&mut hasher);
+        for tool in fixed.tools {
+            tool.name.hash(&mut hasher);
+        }
+        fixed.response_schema.is_some().hash(&mut hasher);
+        model.id().hash(&mut hasher);
+        let key = hasher.finish();
+        let mut last = match self.last.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((cached_key, tokens)) = *last
+            && cached_key == key
+        {
+            return tokens;
+        }
+        let tokens = model.estimate_tokens(fixed);
+        *last = Some((key, tokens));
+        tokens
+    }
 }

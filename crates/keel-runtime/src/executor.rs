@@ -194,19 +194,22 @@ impl ToolExecutor {
             );
         }
 
-        let _guard = match spec.effect {
-            Effect::Mutating => LockGuard::Write(self.mutation_lock.write().await),
-            Effect::ReadOnly | Effect::Idempotent => {
-                LockGuard::Read(self.mutation_lock.read().await)
-            }
-        };
-
-        let max_attempts = spec.retry.max_attempts.max(1);
+        // A mutating call is repeated only when the tool deduplicates on its idempotency key.
+        let max_attempts = spec.max_attempts();
         let mut previous_wait = spec.retry.base_delay_ms.max(1);
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let result = self.attempt(compiled, args.clone(), call, env).await;
+            let result = {
+                // Held for the attempt only, never through a retry's wait.
+                let _guard = match spec.effect {
+                    Effect::Mutating => LockGuard::Write(self.mutation_lock.write().await),
+                    Effect::ReadOnly | Effect::Idempotent => {
+                        LockGuard::Read(self.mutation_lock.read().await)
+                    }
+                };
+                self.attempt(compiled, args.clone(), call, env).await
+            };
             let error = match result {
                 Ok(data) => return (self.check_output(compiled, data, repairs), attempt),
                 Err(error) => error,

@@ -4,7 +4,7 @@
 
 use chrono::Utc;
 use keel_core::event::{new_span_id, new_trace_id};
-use keel_core::{EVENT_SCHEMA_VERSION, Event, EventKind, RunState};
+use keel_core::{AppendDurability, EVENT_SCHEMA_VERSION, Event, EventKind, RunState};
 
 use crate::context::RunContext;
 use crate::outcome::RunError;
@@ -17,30 +17,24 @@ pub(crate) struct Journal<'a> {
     run_id: String,
     trace_id: String,
     run_span: String,
-    /// Events of this run appended so far (including those loaded on resume).
-    run_events: Vec<Event>,
 }
 
 impl<'a> Journal<'a> {
     /// A journal for a new run.
     pub(crate) fn start(thread: &'a mut Thread, ctx: &'a RunContext, run_id: String) -> Self {
+        thread.run_events_mut().clear();
         Self {
             thread,
             ctx,
             run_id,
             trace_id: new_trace_id(),
             run_span: new_span_id(),
-            run_events: Vec::new(),
         }
     }
 
-    /// A journal continuing a run whose earlier events are `run_events`.
-    pub(crate) fn resume(
-        thread: &'a mut Thread,
-        ctx: &'a RunContext,
-        run_events: Vec<Event>,
-    ) -> Self {
-        let first = run_events.first();
+    /// A journal continuing the thread's latest run (its events are kept by the thread).
+    pub(crate) fn resume(thread: &'a mut Thread, ctx: &'a RunContext) -> Self {
+        let first = thread.run_events().first();
         let run_id = first.map(|e| e.run_id.clone()).unwrap_or_default();
         let trace_id = first
             .map(|e| e.trace_id.clone())
@@ -52,7 +46,6 @@ impl<'a> Journal<'a> {
             run_id,
             trace_id,
             run_span,
-            run_events,
         }
     }
 
@@ -77,7 +70,7 @@ impl<'a> Journal<'a> {
     }
 
     pub(crate) fn run_events(&self) -> &[Event] {
-        &self.run_events
+        self.thread.run_events()
     }
 
     /// Appends one event in the run's own span.
@@ -86,10 +79,21 @@ impl<'a> Journal<'a> {
         self.append_batch(vec![(kind, span)]).await
     }
 
-    /// Appends events atomically, each with its span id.
+    /// Appends events atomically, each with its span id, at the store's durability.
     pub(crate) async fn append_batch(
         &mut self,
         items: Vec<(EventKind, String)>,
+    ) -> Result<(), RunError> {
+        self.append_batch_with(items, AppendDurability::Default)
+            .await
+    }
+
+    /// Appends events atomically; with [`AppendDurability::Sync`] the batch is on stable
+    /// storage when this returns, whatever the store's configured level.
+    pub(crate) async fn append_batch_with(
+        &mut self,
+        items: Vec<(EventKind, String)>,
+        durability: AppendDurability,
     ) -> Result<(), RunError> {
         if items.is_empty() {
             return Ok(());
@@ -112,7 +116,7 @@ impl<'a> Journal<'a> {
             .collect();
         self.ctx
             .store
-            .append(self.thread.id(), first_seq, &events)
+            .append_with(self.thread.id(), first_seq, &events, durability)
             .await?;
         for event in &events {
             self.thread.state_mut().apply(event);
@@ -120,7 +124,7 @@ impl<'a> Journal<'a> {
                 observer.on_event(event);
             }
         }
-        self.run_events.extend(events);
+        self.thread.run_events_mut().extend(events);
         Ok(())
     }
 }

@@ -27,6 +27,15 @@ pub enum RunError {
     /// The run was asked to start with no user message.
     #[error("a run needs at least one new message")]
     NoInput,
+    /// The agent given to continue a run is not the one the run started with in a way
+    /// that makes continuing unsafe (a tool gone or reshaped). Nothing was appended.
+    #[error("cannot continue the run on thread {thread_id} with this agent: {}", problems.join("; "))]
+    IncompatibleAgent {
+        /// Thread.
+        thread_id: String,
+        /// Every incompatibility found.
+        problems: Vec<String>,
+    },
 }
 
 /// Where a run stands when `run`/`resume` returns.

@@ -7,7 +7,7 @@
 //! continues the run with [`crate::Agent::resume`].
 
 use keel_core::planner::ASK_USER;
-use keel_core::{EventKind, EventStore, RunState, StoreError, new_id};
+use keel_core::{Event, EventKind, EventStore, RunState, StoreError, new_id};
 
 use crate::context::RunContext;
 use crate::journal::Journal;
@@ -16,9 +16,13 @@ use crate::runner::{ok_outcome, tool_finished};
 
 /// A conversation the caller owns. Fork or reset it by loading another one from the store
 /// (reset = a new thread, e.g. [`Thread::new`], run by the same agent).
+///
+/// Besides the folded state it keeps the events of its latest run, so continuing that run
+/// (resume, approve, deny, reply) needs no second read of the log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     state: RunState,
+    run_events: Vec<Event>,
 }
 
 /// Why a human decision or answer could not be recorded on a thread.
@@ -74,15 +78,37 @@ impl Thread {
     pub fn with_id(id: impl Into<String>) -> Self {
         Self {
             state: RunState::new(id),
+            run_events: Vec::new(),
         }
     }
 
     /// Loads a thread from its log (empty if it does not exist yet).
     pub async fn load(store: &dyn EventStore, id: &str) -> Result<Self, StoreError> {
         let events = store.load(id).await?;
-        Ok(Self {
-            state: RunState::from_events(id, &events),
-        })
+        Ok(Self::from_events(id, events))
+    }
+
+    /// A thread from its already loaded log (`events` in sequence order), for callers
+    /// that read the log themselves and must not read it twice.
+    pub fn from_events(id: &str, mut events: Vec<Event>) -> Self {
+        let state = RunState::from_events(id, &events);
+        let latest_run = events
+            .iter()
+            .rposition(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+            .unwrap_or(events.len());
+        Self {
+            state,
+            run_events: events.split_off(latest_run),
+        }
+    }
+
+    /// The events of the thread's latest run, in order (empty before the first run).
+    pub fn run_events(&self) -> &[Event] {
+        &self.run_events
+    }
+
+    pub(crate) fn run_events_mut(&mut self) -> &mut Vec<Event> {
+        &mut self.run_events
     }
 
     /// The id.
@@ -164,8 +190,7 @@ impl Thread {
             .state
             .run()
             .is_some_and(|run| run.awaiting_user.is_some());
-        let events = ctx.store.load(self.id()).await.map_err(RunError::from)?;
-        let mut journal = self.journal(ctx, events);
+        let mut journal = Journal::resume(self, ctx);
         match ask_call {
             Some(call) => {
                 let outcome = ok_outcome(&journal, &call, serde_json::json!({ "answer": answer }));
@@ -226,24 +251,8 @@ impl Thread {
         ctx: &RunContext,
         kind: EventKind,
     ) -> Result<(), HumanInputError> {
-        let events = ctx.store.load(self.id()).await.map_err(RunError::from)?;
-        let mut journal = self.journal(ctx, events);
+        let mut journal = Journal::resume(self, ctx);
         journal.append(kind).await?;
         Ok(())
-    }
-
-    /// A journal continuing the run in progress, given the stored log.
-    fn journal<'a>(
-        &'a mut self,
-        ctx: &'a RunContext,
-        events: Vec<keel_core::Event>,
-    ) -> Journal<'a> {
-        let run_id = self
-            .state
-            .run()
-            .map(|run| run.run_id.clone())
-            .unwrap_or_default();
-        let run_events = events.into_iter().filter(|e| e.run_id == run_id).collect();
-        Journal::resume(self, ctx, run_events)
     }
 }

@@ -471,3 +471,60 @@ async fn unknown_tools_and_panics_become_outcomes() {
     let execution = run(&exec, "nope", json!({})).await;
     assert_eq!(error_code(&execution), ToolErrorCode::NotFound);
 }
+
+/// A mutating tool failing with a retryable error on its first attempt.
+fn failing_writer(honours_key: bool) -> Arc<FnTool> {
+    FnTool::new(
+        spec("writer")
+            .with_effect(Effect::Mutating)
+            .with_idempotency_key(honours_key)
+            .with_retry(RetryPolicy {
+                max_attempts: 3,
+                base_delay_ms: 1,
+                max_delay_ms: 2,
+            }),
+        |_, attempt| {
+            Box::pin(async move {
+                match attempt {
+                    1 => Err(ToolError::new(
+                        ToolErrorCode::RetryableServer,
+                        "503 after the write",
+                    )),
+                    _ => Ok(json!({"written": true})),
+                }
+            })
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_mutating_call_is_not_retried_unless_the_tool_honours_the_idempotency_key() {
+    let once = failing_writer(false);
+    let execution = run(
+        &executor(vec![once.clone()]),
+        "writer",
+        json!({"query": "x"}),
+    )
+    .await;
+    assert_eq!(
+        once.calls.load(Ordering::SeqCst),
+        1,
+        "the side effect ran once"
+    );
+    assert_eq!(execution.outcome.attempts, 1);
+    assert!(execution.retries.is_empty());
+    match &execution.outcome.result {
+        ToolResultKind::Error { code, .. } => assert_eq!(*code, ToolErrorCode::RetryableServer),
+        other => panic!("the failure is data for the model and policy: {other:?}"),
+    }
+
+    let deduplicating = failing_writer(true);
+    let execution = run(
+        &executor(vec![deduplicating.clone()]),
+        "writer",
+        json!({"query": "x"}),
+    )
+    .await;
+    assert_eq!(deduplicating.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(ok_data(&execution), &json!({"written": true}));
+}

@@ -216,3 +216,99 @@ async fn approval_recorded_out_of_band_then_resumed() {
     assert_eq!(writes.load(Ordering::SeqCst), 1);
     assert!(done.tool_calls[0].ok);
 }
+
+/// A paused run on a memory store, and the agent that started it.
+async fn paused_run() -> (Arc<MemoryStore>, RunContext, String, String) {
+    let store = Arc::new(MemoryStore::new());
+    let ctx = RunContext::new(store.clone()).with_approval_mode(keel_runtime::RunApprovalMode::Ask);
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("writer", json!({})),
+        ScriptStep::text("written"),
+    ]));
+    let (agent, _, _) = agent(model, false);
+    let mut thread = Thread::new();
+    let paused = agent
+        .run(vec![Message::user("write")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    let RunStatus::AwaitingApproval { call_id, .. } = paused.status else {
+        panic!("expected a pause, got {paused:?}");
+    };
+    (store, ctx, thread.id().to_string(), call_id)
+}
+
+#[tokio::test]
+async fn the_run_records_its_agent_definition() {
+    let (store, _, id, _) = paused_run().await;
+    let events = store.load(&id).await.unwrap();
+    let EventKind::RunStarted {
+        definition: Some(definition),
+        ..
+    } = &events[0].kind
+    else {
+        panic!("the first event records the definition: {:?}", events[0]);
+    };
+    let names: Vec<&str> = definition
+        .fingerprint
+        .tools
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(names, ["reader", "writer"]);
+    assert_eq!(definition.fingerprint.tools[1].effect, Effect::Mutating);
+}
+
+#[tokio::test]
+async fn resuming_with_an_agent_missing_a_tool_of_the_run_fails_before_any_model_call() {
+    let (store, ctx, id, call_id) = paused_run().await;
+    let mut thread = Thread::load(store.as_ref(), &id).await.unwrap();
+    thread.approve(&ctx, &call_id, None).await.unwrap();
+    let before = store.load(&id).await.unwrap().len();
+    let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text("never")]));
+    let (reader, _) = Counting::new("reader", Effect::ReadOnly, false);
+    let mut tools = ToolRegistry::new();
+    tools.register(reader).unwrap();
+    let without_writer = Agent::builder("test", model.clone()).tools(tools).build();
+    let error = without_writer.resume(&mut thread, &ctx).await.unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, keel_runtime::RunError::IncompatibleAgent { .. }),
+        "{message}"
+    );
+    assert!(message.contains("`writer`"), "{message}");
+    assert_eq!(model.requests().len(), 0, "no model call was made");
+    assert_eq!(
+        store.load(&id).await.unwrap().len(),
+        before,
+        "nothing appended"
+    );
+}
+
+#[tokio::test]
+async fn resuming_with_a_compatible_but_different_agent_records_a_notice() {
+    let (store, ctx, id, call_id) = paused_run().await;
+    let mut thread = Thread::load(store.as_ref(), &id).await.unwrap();
+    thread.approve(&ctx, &call_id, None).await.unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text("written")]));
+    let (reader, _) = Counting::new("reader", Effect::ReadOnly, false);
+    let (writer, writes) = Counting::new("writer", Effect::Mutating, false);
+    let mut tools = ToolRegistry::new();
+    tools.register(reader).unwrap();
+    tools.register(writer).unwrap();
+    let changed = Agent::builder("test", model)
+        .instructions("Other instructions.")
+        .tools(tools)
+        .build();
+    let done = changed.resume(&mut thread, &ctx).await.unwrap();
+    assert_eq!(done.end_state(), Some(EndState::Done));
+    assert_eq!(writes.load(Ordering::SeqCst), 1);
+    let events = store.load(&id).await.unwrap();
+    let notice = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::Notice { code, message, .. } if code == "agent_changed" => Some(message),
+            _ => None,
+        })
+        .expect("an agent_changed notice");
+    assert!(notice.contains("system prompt"), "{notice}");
+}

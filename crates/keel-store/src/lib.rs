@@ -9,17 +9,23 @@
 //!
 //! # Durability and cost
 //!
-//! - One append = one transaction, whatever the batch size: the runner appends the events
-//!   of one step together, so a step costs one commit. The optimistic-concurrency check
-//!   (`expected_next_seq` = the thread's event count) and a `UNIQUE (thread_id, seq)`
-//!   constraint are enforced by the database, so concurrent appenders — in one process or
-//!   many — never interleave: exactly one wins each seq, the others get
-//!   [`keel_core::StoreError::Conflict`] and nothing of their batch is written.
+//! - Group commit: each store has one writer that commits the appends of all concurrent
+//!   runs together, one transaction (and one fsync when synchronous) per group, each
+//!   append under its own savepoint / subtransaction so every caller gets its own answer
+//!   (SQLite: `sqlite_writer`, a `rusqlite` connection on a dedicated thread that also
+//!   performs fork, delete, purge and queue updates; Postgres: `postgres_writer`, one
+//!   `keel_append_group` call per group). An append returns once its group committed.
+//! - The optimistic-concurrency check (`expected_next_seq` = the thread's event count)
+//!   and a `UNIQUE (thread_id, seq)` constraint are enforced by the database, so
+//!   concurrent appenders — in one process or many — never interleave: exactly one wins
+//!   each seq, the others get [`keel_core::StoreError::Conflict`] and nothing of their
+//!   batch is written.
 //! - SQLite runs in WAL mode with `synchronous=NORMAL` by default ([`Durability::Normal`]):
 //!   a committed append survives the process being killed (SIGKILL included); only an OS
 //!   crash or power loss can lose the last commits. [`Durability::Full`]
-//!   (`sqlite://PATH?synchronous=full`) fsyncs every commit. Writers wait up to the busy
-//!   timeout (5 s by default) for the write lock.
+//!   (`sqlite://PATH?synchronous=full`) fsyncs every commit, and
+//!   [`AppendDurability::Sync`] fsyncs the group of one append whatever the level.
+//!   Other processes' writers wait up to the busy timeout (5 s by default) for the lock.
 //! - `load` is one query ordered by the primary key; listing threads reads the `threads`
 //!   summary table (maintained in the append transaction), never the events.
 //! - Events are stored whole as JSON (Postgres: `json`, which keeps the exact text and,
@@ -31,14 +37,19 @@
 
 mod open;
 mod postgres;
+mod postgres_writer;
 mod rows;
 mod sqlite;
+mod sqlite_reader;
+mod sqlite_writer;
 
 pub mod conformance;
 pub mod queue;
 
 pub use keel_core::MemoryStore;
-pub use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary};
+pub use keel_core::store::{
+    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary,
+};
 pub use open::{OpenedStore, open, open_run_queue, open_store};
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use queue::{

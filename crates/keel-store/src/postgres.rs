@@ -1,18 +1,25 @@
 //! [`PostgresStore`]: the event-log store for several processes sharing one database.
 //!
-//! Every append is one transaction: an `UPDATE` of the thread's summary row guarded by the
-//! expected event count (Postgres row locks make concurrent appenders on one thread queue
-//! behind each other; the loser re-checks the guard and gets a conflict, so there is
-//! exactly one winner per seq), then a single `INSERT ... SELECT FROM UNNEST(...)` of the
-//! whole batch, backed by the `(thread_id, seq)` primary key. `load` is one `SELECT`.
+//! Appends go through the group-commit writer ([`crate::postgres_writer`]): the appends of
+//! all concurrent runs of this process are gathered into one call of the
+//! `keel_append_group` SQL function, one transaction. In it, each append is an `UPDATE` of
+//! the thread's summary row guarded by the expected event count (Postgres row locks make
+//! concurrent appenders on one thread — in this process or another — queue behind each
+//! other; the loser re-checks the guard and gets a conflict, so there is exactly one
+//! winner per seq), then one `INSERT ... SELECT FROM UNNEST(...)` of its batch, backed by
+//! the `(thread_id, seq)` primary key, all in its own subtransaction. Fork, delete, purge
+//! and the run queue use the pool directly. `load` is one `SELECT`.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::event::Event;
 use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch};
+
+use crate::postgres_writer::PgGroupWriter;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, Postgres, QueryBuilder, Row, Transaction};
 
@@ -60,6 +67,7 @@ impl PostgresOptions {
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pub(crate) pool: PgPool,
+    writer: Arc<PgGroupWriter>,
     schema: Option<String>,
 }
 
@@ -86,7 +94,12 @@ impl PostgresStore {
             ))
         })?;
         let timeout_ms = options.statement_timeout.as_millis().to_string();
-        let mut settings = vec![("statement_timeout", timeout_ms)];
+        // synchronous_commit=on whatever the server's default: a returned append is on the
+        // server's stable storage (what `AppendDurability::Sync` asks for).
+        let mut settings = vec![
+            ("statement_timeout", timeout_ms),
+            ("synchronous_commit", "on".to_string()),
+        ];
         if let Some(schema) = &options.schema {
             if !valid_schema(schema) {
                 return Err(StoreError::Backend(format!(
@@ -126,8 +139,17 @@ impl PostgresStore {
             .run(&pool)
             .await
             .map_err(|e| backend("migrating Postgres store", e))?;
+        // Half the pool at most for append groups; reads and the queue keep the rest.
+        let in_flight = usize::try_from(options.max_connections / 2)
+            .unwrap_or(1)
+            .clamp(1, 4);
+        let call_timeout = options
+            .statement_timeout
+            .saturating_add(options.acquire_timeout);
+        let writer = Arc::new(PgGroupWriter::start(pool.clone(), in_flight, call_timeout));
         Ok(Self {
             pool,
+            writer,
             schema: options.schema,
         })
     }
@@ -145,6 +167,7 @@ impl PostgresStore {
     /// Drops this store's schema with everything in it and closes the pool (for tests
     /// that use a throw-away schema). Does nothing to the database without a schema.
     pub async fn drop_schema(&self) -> Result<(), StoreError> {
+        self.writer.close().await;
         if let Some(schema) = &self.schema {
             let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
             self.pool
@@ -156,8 +179,10 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Closes every connection.
+    /// Closes the store for every clone: queued appends are answered first, later ones
+    /// fail with [`StoreError::Backend`]; then every connection is closed.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -314,10 +339,12 @@ impl EventStore for PostgresStore {
                 Err(conflict(thread_id, expected_next_seq, actual))
             };
         }
+        let expected = to_i64("expected_next_seq", expected_next_seq)?;
+        // Serializing happens here, on the caller's task, before the group is formed.
         let batch = Batch::new(events)?;
-        let mut tx = self.begin().await?;
-        write_batch(&mut tx, thread_id, expected_next_seq, &batch).await?;
-        tx.commit().await.map_err(|e| backend("postgres commit", e))
+        self.writer
+            .append(thread_id.to_string(), expected, batch)
+            .await
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {

@@ -1,33 +1,39 @@
 //! [`SqliteStore`]: the default, embedded event-log store (one file, WAL journal).
 //!
-//! Every append is ONE `BEGIN IMMEDIATE` transaction: an `UPDATE` of the thread's summary
-//! row guarded by the expected event count (the optimistic-concurrency check), one
-//! multi-row `INSERT` of the events (a `UNIQUE(thread_id, seq)` constraint backs the
-//! check), and the commit. `load` is one `SELECT` ordered by `seq`.
+//! Every write goes through the store's group-commit writer
+//! ([`crate::sqlite_writer`]): one thread, one connection, one transaction per group of
+//! concurrent writes. An append is, inside that transaction and under its own savepoint,
+//! an `UPDATE` of the thread's summary row guarded by the expected event count (the
+//! optimistic-concurrency check), one cached `INSERT` per event (a `UNIQUE(thread_id,
+//! seq)` constraint backs the check). Reads (`load`, `list_threads`, queue lookups) use a
+//! small sqlx pool; WAL lets them run beside the writer, and they see every append that
+//! has returned. `load` is one `SELECT` ordered by `seq`.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::event::Event;
-use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch};
+use keel_core::store::{
+    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch,
+};
+use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use sqlx::{QueryBuilder, Row, Sqlite};
 
 use crate::rows::{
-    Batch, ThreadRow, backend, conflict, is_unique_violation, parse_event, status_columns, to_i64,
-    ts_to_ns_saturating,
+    Batch, ThreadRow, backend, conflict, status_columns, to_i64, ts_to_ns_saturating,
 };
+use crate::sqlite_reader::SqliteReader;
+use crate::sqlite_writer::{SqliteWriter, WriterConfig};
 
 /// Where `keel` keeps its store by default, relative to the working directory.
 pub const DEFAULT_SQLITE_PATH: &str = ".keel/keel.db";
-
-/// Rows per multi-row `INSERT` (6 parameters each stays far below SQLite's limit).
-const INSERT_CHUNK: usize = 1000;
 
 /// How hard SQLite works to keep a committed transaction across a power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,7 +56,8 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// How long a writer waits for the write lock before failing.
     pub busy_timeout: Duration,
-    /// Pool size.
+    /// Size of the read pool (`load`, `list_threads`, queue lookups). Writes always go
+    /// through one writer connection.
     pub max_connections: u32,
 }
 
@@ -70,6 +77,8 @@ impl SqliteOptions {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) pool: SqlitePool,
+    pub(crate) writer: Arc<SqliteWriter>,
+    reader: Arc<SqliteReader>,
     path: PathBuf,
 }
 
@@ -116,7 +125,26 @@ impl SqliteStore {
             .map_err(|e| {
                 StoreError::Backend(format!("migrating SQLite store {}: {e}", path.display()))
             })?;
-        Ok(Self { pool, path })
+        let writer = SqliteWriter::start(WriterConfig {
+            path: path.clone(),
+            full_sync: options.durability == Durability::Full,
+            busy_timeout: options.busy_timeout,
+        })
+        .await;
+        let writer = match writer {
+            Ok(writer) => Arc::new(writer),
+            Err(e) => {
+                pool.close().await;
+                return Err(e);
+            }
+        };
+        let reader = Arc::new(SqliteReader::new(path.clone(), options.busy_timeout));
+        Ok(Self {
+            pool,
+            writer,
+            reader,
+            path,
+        })
     }
 
     /// The database file.
@@ -124,21 +152,19 @@ impl SqliteStore {
         &self.path
     }
 
-    /// The connection pool (for advanced use and tests).
+    /// The read pool (for advanced use and tests). Write through the store: a write on
+    /// this pool waits for the writer's lock like another process would.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
-    /// Closes every connection (checkpointing the WAL).
+    /// Closes the store for every clone: writes already queued finish (their callers get
+    /// their results), later writes fail with [`StoreError::Backend`]; then every
+    /// connection is closed (checkpointing the WAL).
     pub async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close();
         self.pool.close().await;
-    }
-
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| backend("sqlite begin", e))
     }
 }
 
@@ -156,44 +182,50 @@ fn summary_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<ThreadSummary, Stor
     .into_summary()
 }
 
-async fn event_count(
-    tx: &mut Transaction<'static, Sqlite>,
-    thread_id: &str,
-) -> Result<i64, StoreError> {
-    let count: Option<i64> =
-        sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
-            .bind(thread_id)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(|e| backend("sqlite read event_count", e))?;
+/// The event count of a thread (0 when it does not exist), on the writer's connection.
+fn event_count(conn: &Connection, thread_id: &str) -> Result<i64, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT event_count FROM threads WHERE thread_id = ?1")
+        .map_err(|e| backend("sqlite read event_count", e))?;
+    let count: Option<i64> = stmt
+        .query_row([thread_id], |row| row.get(0))
+        .optional()
+        .map_err(|e| backend("sqlite read event_count", e))?;
     Ok(count.unwrap_or(0))
 }
 
-async fn insert_events(
-    tx: &mut Transaction<'static, Sqlite>,
-    thread_id: &str,
-    batch: &Batch,
-) -> Result<(), sqlx::Error> {
-    for chunk in batch.rows.chunks(INSERT_CHUNK) {
-        let mut builder: QueryBuilder<Sqlite> =
-            QueryBuilder::new("INSERT INTO events (thread_id, seq, type, run_id, ts, body) ");
-        builder.push_values(chunk, |mut b, row| {
-            b.push_bind(thread_id)
-                .push_bind(row.seq)
-                .push_bind(row.kind)
-                .push_bind(row.run_id.as_str())
-                .push_bind(row.ts)
-                .push_bind(row.body.as_str());
-        });
-        builder.build().execute(&mut **tx).await?;
+/// Whether a rusqlite error is a UNIQUE / PRIMARY KEY violation.
+fn is_unique_violation_rs(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error().map(|e| e.extended_code),
+        Some(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+    )
+}
+
+/// Inserts the rows of a batch with one cached single-row statement (re-running a
+/// prepared statement costs less than building a multi-row one per batch).
+fn insert_events(conn: &Connection, thread_id: &str, batch: &Batch) -> Result<(), rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO events (thread_id, seq, type, run_id, ts, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for row in &batch.rows {
+        stmt.execute(params![
+            thread_id,
+            row.seq,
+            row.kind,
+            row.run_id.as_str(),
+            row.ts,
+            row.body.as_str()
+        ])?;
     }
     Ok(())
 }
 
-/// Writes a checked, non-empty batch inside `tx`: the guarded summary update (or insert
-/// for a new thread), then the events.
-async fn write_batch(
-    tx: &mut Transaction<'static, Sqlite>,
+/// Writes a checked, non-empty batch on the writer's connection (inside its group
+/// transaction): the guarded summary update (or insert for a new thread), then the
+/// events. On `Err` the writer rolls this job back to its savepoint.
+fn write_batch(
+    conn: &Connection,
     thread_id: &str,
     expected: u64,
     batch: &Batch,
@@ -204,61 +236,55 @@ async fn write_batch(
         Some((s, e)) => (Some(s), e),
         None => (None, None),
     };
-    let updated = sqlx::query(
-        "UPDATE threads SET event_count = event_count + ?1, status = COALESCE(?2, status), \
-         end_state = CASE WHEN ?2 IS NULL THEN end_state ELSE ?3 END, agent = COALESCE(?4, agent), \
-         updated_at = ?5 WHERE thread_id = ?6 AND event_count = ?7",
-    )
-    .bind(count)
-    .bind(status)
-    .bind(end_state)
-    .bind(batch.agent.as_deref())
-    .bind(batch.last_ts)
-    .bind(thread_id)
-    .bind(expected_i)
-    .execute(&mut **tx)
-    .await
-    .map_err(|e| backend("sqlite update thread", e))?
-    .rows_affected();
+    let updated = conn
+        .prepare_cached(
+            "UPDATE threads SET event_count = event_count + ?1, status = COALESCE(?2, status), \
+             end_state = CASE WHEN ?2 IS NULL THEN end_state ELSE ?3 END, agent = COALESCE(?4, agent), \
+             updated_at = ?5 WHERE thread_id = ?6 AND event_count = ?7",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                count,
+                status,
+                end_state,
+                batch.agent.as_deref(),
+                batch.last_ts,
+                thread_id,
+                expected_i
+            ])
+        })
+        .map_err(|e| backend("sqlite update thread", e))?;
     if updated == 0 {
         if expected != 0 {
-            return Err(conflict(
-                thread_id,
-                expected,
-                event_count(tx, thread_id).await?,
-            ));
+            return Err(conflict(thread_id, expected, event_count(conn, thread_id)?));
         }
         let (status, end_state) = status_columns(batch.initial_status());
-        let inserted = sqlx::query(
-            "INSERT INTO threads (thread_id, agent, status, end_state, event_count, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
-        )
-        .bind(thread_id)
-        .bind(batch.agent.as_deref())
-        .bind(status)
-        .bind(end_state)
-        .bind(count)
-        .bind(batch.first_ts)
-        .bind(batch.last_ts)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| backend("sqlite insert thread", e))?
-        .rows_affected();
+        let inserted = conn
+            .prepare_cached(
+                "INSERT INTO threads (thread_id, agent, status, end_state, event_count, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    thread_id,
+                    batch.agent.as_deref(),
+                    status,
+                    end_state,
+                    count,
+                    batch.first_ts,
+                    batch.last_ts
+                ])
+            })
+            .map_err(|e| backend("sqlite insert thread", e))?;
         if inserted == 0 {
-            return Err(conflict(
-                thread_id,
-                expected,
-                event_count(tx, thread_id).await?,
-            ));
+            return Err(conflict(thread_id, expected, event_count(conn, thread_id)?));
         }
     }
-    match insert_events(tx, thread_id, batch).await {
+    match insert_events(conn, thread_id, batch) {
         Ok(()) => Ok(()),
-        Err(e) if is_unique_violation(&e) => Err(conflict(
-            thread_id,
-            expected,
-            event_count(tx, thread_id).await?,
-        )),
+        Err(e) if is_unique_violation_rs(&e) => {
+            Err(conflict(thread_id, expected, event_count(conn, thread_id)?))
+        }
         Err(e) => Err(backend("sqlite insert events", e)),
     }
 }
@@ -271,38 +297,49 @@ impl EventStore for SqliteStore {
         expected_next_seq: u64,
         events: &[Event],
     ) -> Result<(), StoreError> {
+        self.append_with(
+            thread_id,
+            expected_next_seq,
+            events,
+            AppendDurability::Default,
+        )
+        .await
+    }
+
+    async fn append_with(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
         check_batch(thread_id, expected_next_seq, events)?;
+        let thread = thread_id.to_string();
         if events.is_empty() {
-            let actual: Option<i64> =
-                sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = ?1")
-                    .bind(thread_id)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(|e| backend("sqlite read event_count", e))?;
-            let actual = actual.unwrap_or(0);
-            return if to_i64("expected_next_seq", expected_next_seq)? == actual {
-                Ok(())
-            } else {
-                Err(conflict(thread_id, expected_next_seq, actual))
-            };
+            let expected_i = to_i64("expected_next_seq", expected_next_seq)?;
+            return self
+                .writer
+                .call(durability, move |conn: &Connection| {
+                    let actual = event_count(conn, &thread)?;
+                    if actual == expected_i {
+                        Ok(())
+                    } else {
+                        Err(conflict(&thread, expected_next_seq, actual))
+                    }
+                })
+                .await;
         }
+        // Serializing happens here, on the caller's task, not on the writer thread.
         let batch = Batch::new(events)?;
-        let mut tx = self.begin().await?;
-        write_batch(&mut tx, thread_id, expected_next_seq, &batch).await?;
-        tx.commit().await.map_err(|e| backend("sqlite commit", e))
+        self.writer
+            .call(durability, move |conn: &Connection| {
+                write_batch(conn, &thread, expected_next_seq, &batch)
+            })
+            .await
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
-        let bodies: Vec<String> =
-            sqlx::query_scalar("SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq")
-                .bind(thread_id)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| backend("sqlite load", e))?;
-        bodies
-            .iter()
-            .map(|body| parse_event(thread_id, body))
-            .collect()
+        self.reader.load(thread_id).await
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
@@ -337,20 +374,17 @@ impl EventStore for SqliteStore {
     }
 
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.begin().await?;
-        sqlx::query("DELETE FROM events WHERE thread_id = ?1")
-            .bind(thread_id)
-            .execute(&mut *tx)
+        let thread = thread_id.to_string();
+        self.writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                conn.execute("DELETE FROM events WHERE thread_id = ?1", [&thread])
+                    .map_err(|e| backend("sqlite delete events", e))?;
+                let gone = conn
+                    .execute("DELETE FROM threads WHERE thread_id = ?1", [&thread])
+                    .map_err(|e| backend("sqlite delete thread", e))?;
+                Ok(gone > 0)
+            })
             .await
-            .map_err(|e| backend("sqlite delete events", e))?;
-        let gone = sqlx::query("DELETE FROM threads WHERE thread_id = ?1")
-            .bind(thread_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| backend("sqlite delete thread", e))?
-            .rows_affected();
-        tx.commit().await.map_err(|e| backend("sqlite commit", e))?;
-        Ok(gone > 0)
     }
 
     async fn fork_thread(
@@ -359,47 +393,54 @@ impl EventStore for SqliteStore {
         at_seq: u64,
         target: &str,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.begin().await?;
-        let existing = event_count(&mut tx, target).await?;
-        if existing != 0 {
-            return Err(conflict(target, 0, existing));
-        }
-        let bodies: Vec<String> = sqlx::query_scalar(
-            "SELECT body FROM events WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
-        )
-        .bind(source)
-        .bind(i64::try_from(at_seq).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| backend("sqlite fork read", e))?;
-        if bodies.is_empty() {
-            return Err(StoreError::NotFound(source.to_string()));
-        }
-        let events = crate::rows::rebase(source, target, &bodies)?;
-        let batch = Batch::new(&events)?;
-        write_batch(&mut tx, target, 0, &batch).await?;
-        tx.commit().await.map_err(|e| backend("sqlite commit", e))?;
-        Ok(events.len() as u64)
+        let (source, target) = (source.to_string(), target.to_string());
+        self.writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                let existing = event_count(conn, &target)?;
+                if existing != 0 {
+                    return Err(conflict(&target, 0, existing));
+                }
+                let bodies = conn
+                    .prepare_cached(
+                        "SELECT body FROM events WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.query_map(
+                            params![source, i64::try_from(at_seq).unwrap_or(i64::MAX)],
+                            |row| row.get::<_, String>(0),
+                        )?
+                        .collect::<Result<Vec<String>, _>>()
+                    })
+                    .map_err(|e| backend("sqlite fork read", e))?;
+                if bodies.is_empty() {
+                    return Err(StoreError::NotFound(source));
+                }
+                let events = crate::rows::rebase(&source, &target, &bodies)?;
+                let batch = Batch::new(&events)?;
+                write_batch(conn, &target, 0, &batch)?;
+                Ok(events.len() as u64)
+            })
+            .await
     }
 
     async fn purge_ended_before(&self, cutoff: DateTime<Utc>) -> Result<u64, StoreError> {
         let cutoff = ts_to_ns_saturating(cutoff);
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "DELETE FROM events WHERE thread_id IN \
-             (SELECT thread_id FROM threads WHERE status = 'ended' AND updated_at < ?1)",
-        )
-        .bind(cutoff)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| backend("sqlite purge events", e))?;
-        let purged = sqlx::query("DELETE FROM threads WHERE status = 'ended' AND updated_at < ?1")
-            .bind(cutoff)
-            .execute(&mut *tx)
+        self.writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                conn.execute(
+                    "DELETE FROM events WHERE thread_id IN \
+                     (SELECT thread_id FROM threads WHERE status = 'ended' AND updated_at < ?1)",
+                    [cutoff],
+                )
+                .map_err(|e| backend("sqlite purge events", e))?;
+                let purged = conn
+                    .execute(
+                        "DELETE FROM threads WHERE status = 'ended' AND updated_at < ?1",
+                        [cutoff],
+                    )
+                    .map_err(|e| backend("sqlite purge threads", e))?;
+                Ok(purged as u64)
+            })
             .await
-            .map_err(|e| backend("sqlite purge threads", e))?
-            .rows_affected();
-        tx.commit().await.map_err(|e| backend("sqlite commit", e))?;
-        Ok(purged)
     }
 }

@@ -134,6 +134,11 @@ event_cases!(
     delete,
     purge,
     long_thread,
+    concurrent_conflicts_isolated,
+    same_thread_race,
+    invalid_batch_among_valid,
+    read_your_writes,
+    append_with_sync,
 );
 
 queue_cases!(
@@ -148,7 +153,7 @@ queue_cases!(
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
-    assert_eq!(conformance::EVENT_CASES.len(), 11);
+    assert_eq!(conformance::EVENT_CASES.len(), 16);
     assert_eq!(conformance::QUEUE_CASES.len(), 6);
 }
 

@@ -32,6 +32,11 @@ pub struct TelemetryConfig {
     pub protocol: OtlpProtocol,
     /// Extra headers sent with every export (e.g. an API key for a hosted backend).
     pub headers: BTreeMap<String, String>,
+    /// PEM file of CA certificates trusted for an `https://` endpoint, in addition to the
+    /// system's trust store (for a collector with a private or self-signed CA). Filled
+    /// from `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` or `OTEL_EXPORTER_OTLP_CERTIFICATE`
+    /// when unset.
+    pub ca_file: Option<PathBuf>,
     /// `service.name` resource attribute.
     pub service_name: String,
     /// Extra resource attributes (e.g. `openinference.project.name` for Phoenix).
@@ -65,6 +70,7 @@ impl Default for TelemetryConfig {
             endpoint: None,
             protocol: OtlpProtocol::Http,
             headers: BTreeMap::new(),
+            ca_file: None,
             service_name: "keel".into(),
             resource_attributes: BTreeMap::new(),
             export_timeout_ms: 10_000,
@@ -136,8 +142,9 @@ impl TelemetryConfig {
     /// Fills unset values from the standard OpenTelemetry variables, read with `env`:
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is), `OTEL_EXPORTER_OTLP_ENDPOINT`,
     /// `OTEL_EXPORTER_OTLP_PROTOCOL` (`grpc`, `http/protobuf`), `OTEL_EXPORTER_OTLP_HEADERS`
-    /// (`k=v,k2=v2`), `OTEL_EXPORTER_OTLP_TIMEOUT` (ms) and `OTEL_SERVICE_NAME`. Values in
-    /// keel.toml win over the environment.
+    /// (`k=v,k2=v2`), `OTEL_EXPORTER_OTLP_TIMEOUT` (ms), `OTEL_EXPORTER_OTLP_CERTIFICATE`
+    /// (or `…_TRACES_CERTIFICATE`: a PEM CA file, as `ca_file`) and `OTEL_SERVICE_NAME`.
+    /// Values in keel.toml win over the environment.
     pub fn with_env(
         mut self,
         env: impl Fn(&str) -> Option<String>,
@@ -178,6 +185,12 @@ impl TelemetryConfig {
                     .entry(k.trim().to_string())
                     .or_insert_with(|| v.trim().to_string());
             }
+        }
+        if self.ca_file.is_none()
+            && let Some(path) = get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
+                .or_else(|| get("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+        {
+            self.ca_file = Some(PathBuf::from(path.trim()));
         }
         if let Some(ms) = get("OTEL_EXPORTER_OTLP_TIMEOUT") {
             self.export_timeout_ms = ms.trim().parse().map_err(|_| TelemetryError::Config {

@@ -1,6 +1,6 @@
 //! OTLP export: converts [`SpanRecord`]s into OpenTelemetry SDK `SpanData` (keeping their
 //! ids, parents and explicit start/end times) and sends them with the `opentelemetry-otlp`
-//! exporter over HTTP/protobuf or gRPC.
+//! exporter over HTTP/protobuf or gRPC, with TLS for `https://` endpoints ([`crate::tls`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -126,6 +126,7 @@ impl OtlpSpanExporter {
                 let headers: HashMap<String, String> = config.headers.clone().into_iter().collect();
                 opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
+                    .with_http_client(crate::tls::http_client(config, timeout)?)
                     .with_endpoint(endpoint)
                     .with_protocol(Protocol::HttpBinary)
                     .with_timeout(timeout)
@@ -147,15 +148,19 @@ impl OtlpSpanExporter {
                         })?;
                     map.insert(name, value);
                 }
-                opentelemetry_otlp::SpanExporter::builder()
+                let builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_endpoint(endpoint)
                     .with_protocol(Protocol::Grpc)
                     .with_timeout(timeout)
                     .with_metadata(
                         opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map),
-                    )
-                    .build()
+                    );
+                match crate::tls::grpc_tls(config)? {
+                    Some(tls) => builder.with_tls_config(tls),
+                    None => builder,
+                }
+                .build()
             }
         }
         .map_err(|e| {

@@ -26,6 +26,7 @@ mod run_spans;
 pub mod sink;
 pub mod spans;
 pub mod timeline;
+pub mod tls;
 pub mod tracefile;
 pub mod turns;
 
@@ -45,6 +46,7 @@ pub use spans::{
 pub use timeline::{
     TraceSummary, list_traces, render_timeline, render_trace_list, summarize_trace,
 };
+pub use tls::ensure_crypto_provider;
 pub use tracefile::{
     TraceFileWriter, TraceRecord, list_trace_files, read_trace, read_trace_file, trace_file_path,
 };

@@ -200,12 +200,16 @@ impl OtlpMetrics {
         config: &crate::TelemetryConfig,
     ) -> Result<Option<Self>, crate::TelemetryError> {
         use opentelemetry::metrics::MeterProvider as _;
-        use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+        use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 
         let Some(base) = config.endpoint.clone().filter(|_| config.metrics) else {
             return Ok(None);
         };
         let timeout = std::time::Duration::from_millis(config.export_timeout_ms.max(1));
+        let (http_client, grpc_tls) = match config.protocol {
+            crate::OtlpProtocol::Http => (Some(crate::tls::http_client(config, timeout)?), None),
+            crate::OtlpProtocol::Grpc => (None, crate::tls::grpc_tls(config)?),
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -222,20 +226,29 @@ impl OtlpMetrics {
                         } else {
                             format!("{}/v1/metrics", trimmed.trim_end_matches("/v1/traces"))
                         };
-                        opentelemetry_otlp::MetricExporter::builder()
-                            .with_http()
-                            .with_endpoint(url)
-                            .with_protocol(Protocol::HttpBinary)
-                            .with_timeout(timeout)
-                            .with_headers(config.headers.clone().into_iter().collect())
-                            .build()
-                    }
-                    crate::OtlpProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
-                        .with_tonic()
-                        .with_endpoint(base.clone())
-                        .with_protocol(Protocol::Grpc)
+                        let builder = opentelemetry_otlp::MetricExporter::builder().with_http();
+                        match http_client {
+                            Some(client) => builder.with_http_client(client),
+                            None => builder,
+                        }
+                        .with_endpoint(url)
+                        .with_protocol(Protocol::HttpBinary)
                         .with_timeout(timeout)
-                        .build(),
+                        .with_headers(config.headers.clone().into_iter().collect())
+                        .build()
+                    }
+                    crate::OtlpProtocol::Grpc => {
+                        let builder = opentelemetry_otlp::MetricExporter::builder()
+                            .with_tonic()
+                            .with_endpoint(base.clone())
+                            .with_protocol(Protocol::Grpc)
+                            .with_timeout(timeout);
+                        match grpc_tls {
+                            Some(tls) => builder.with_tls_config(tls),
+                            None => builder,
+                        }
+                        .build()
+                    }
                 }
             })
             .map_err(|e| {

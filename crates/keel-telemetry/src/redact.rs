@@ -3,8 +3,10 @@
 //!
 //! Built-in rules cover API keys and tokens (OpenAI/Anthropic `sk-…`, `Bearer …`, AWS
 //! access keys, GitHub, GitLab, Slack, Stripe, Google, Hugging Face, npm tokens, JWTs),
-//! private key blocks, credentials in URLs, `key=value` / `"key": "value"` pairs whose key
-//! names a secret, emails, phone numbers, US social security numbers and credit-card
+//! private key blocks (also truncated ones without their END line), credentials in URLs
+//! (`user:pw@`, `:pw@`), `Authorization:` values whatever the scheme, `key=value` /
+//! `"key": "value"` pairs whose key names a secret, query-string and form credentials
+//! (`token=`, `sig=`, `signature=`, `key=`, …), emails, phone numbers, US social security numbers and credit-card
 //! numbers (Luhn-checked, so ordinary long numbers survive). Configured regexes and field
 //! names are added to them.
 
@@ -90,15 +92,27 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
         .collect();
     let key_alt = names.join("|");
     Ok(vec![
+        // A whole key block; or, when the END line is missing (truncated output), the
+        // base64 body and PEM headers after BEGIN, also when newlines are JSON-escaped.
         compile(
             "private_key",
-            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----",
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|(?:[A-Za-z0-9+/=:,.\\-]|\s)*)",
             Check::None,
         )?,
-        // user:password@host in URLs: only the password goes.
+        // user:password@host in URLs (also `:password@` with no user, as in
+        // `redis://:pw@host`): only the password goes.
         compile(
             "url_credentials",
-            r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<s>[^/\s@]+)@",
+            r"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@]*:(?P<s>[^/\s@]+)@",
+            Check::None,
+        )?,
+        // `Authorization: <scheme> <credentials>` whatever the scheme (Token, ApiKey,
+        // Digest, …; Bearer and Basic too); also `Proxy-Authorization`. The credentials
+        // run to the end of the line or quoted string (Digest has several `k=v` pairs).
+        // Runs before the generic field rule, which would take the scheme for the value.
+        compile(
+            "authorization",
+            r#"(?i)\b(?:proxy[_-]?)?authorization\\?["']?\s*[:=]\s*\\?["']?(?:[A-Za-z][A-Za-z0-9_.-]*[ \t]+)?(?P<s>[^\s"'\\][^\r\n"'\\]*)"#,
             Check::None,
         )?,
         compile(
@@ -122,6 +136,14 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             &format!(
                 r#"(?i)(?:\\?["'])?\b(?:{key_alt})\b(?:\\?["'])?\s*[:=]\s*(?:"(?P<s>(?:[^"\\]|\\.)*)"|'(?P<s2>[^']*)'|\\"(?P<s3>(?:[^"\\]|\\[^"])*)\\"|(?P<s4>[^\s"',;&}}\]]+))"#
             ),
+            Check::None,
+        )?,
+        // Credentials in URL query strings and form bodies: `?token=`, `&sig=`,
+        // `signature=`, `key=`, `access_token=`, `X-Amz-Signature=`, `client_secret=`, …
+        // (a value already replaced by an earlier rule, `[REDACTED…`, is left alone).
+        compile(
+            "query_secret",
+            r#"(?i)(?:^|[?&;\s])(?:[a-z0-9_.-]*[_.-])?(?:token|sig|signature|key|apikey|secret|password|passwd|credential|auth)=(?P<s>[^\[&\s#"'<>;\\][^&\s#"'<>;\\]*)"#,
             Check::None,
         )?,
         compile(
@@ -202,6 +224,44 @@ pub fn luhn_valid(s: &str) -> bool {
         sum += v;
     }
     sum % 10 == 0
+}
+
+/// The longest run of whole digit groups (separated by one space or `-`; a run without
+/// separators is one group) inside `text` that holds 13 to 19 digits and passes the Luhn
+/// check, as a byte range. Only group boundaries are tried, so the digits of an ordinary
+/// number are never split mid-group.
+fn luhn_window(text: &str) -> Option<(usize, usize)> {
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        match (c.is_ascii_digit(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                groups.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        groups.push((s, text.len()));
+    }
+    let mut best: Option<(usize, usize)> = None;
+    for (first, &(window_start, _)) in groups.iter().enumerate() {
+        let mut digits = 0;
+        for &(group_start, group_end) in groups.iter().skip(first) {
+            digits += group_end - group_start;
+            if digits > 19 {
+                break;
+            }
+            let candidate = (window_start, group_end);
+            let longer = best.is_none_or(|(s, e)| e - s < group_end - window_start);
+            if digits >= 13 && longer && text.get(window_start..group_end).is_some_and(luhn_valid) {
+                best = Some(candidate);
+            }
+        }
+    }
+    best
 }
 
 impl Default for Redactor {
@@ -303,7 +363,18 @@ impl Redactor {
             return String::new();
         };
         if rule.check == Check::Luhn && !luhn_valid(whole.as_str()) {
-            return whole.as_str().to_string();
+            // The digits may run on into an expiry or another number
+            // (`4111 1111 1111 1111 12/29`): redact the card inside, keep the rest.
+            let text = whole.as_str();
+            return match luhn_window(text) {
+                Some((start, end)) => format!(
+                    "{}{}{}",
+                    text.get(..start).unwrap_or_default(),
+                    self.marker(rule.kind),
+                    text.get(end..).unwrap_or_default()
+                ),
+                None => text.to_string(),
+            };
         }
         let secret = ["s", "s2", "s3", "s4"]
             .iter()
@@ -380,6 +451,19 @@ mod tests {
     fn luhn() {
         assert!(luhn_valid("4111 1111 1111 1111"));
         assert!(!luhn_valid("4111 1111 1111 1112"));
+    }
+
+    #[test]
+    fn a_card_followed_by_more_digits_is_still_found() {
+        assert_eq!(luhn_window("4111 1111 1111 1111 12"), Some((0, 19)));
+        assert_eq!(luhn_window("4111111111111111 12"), Some((0, 16)));
+        assert_eq!(luhn_window("52 4111 1111 1111 1111"), Some((3, 22)));
+        assert_eq!(luhn_window("4111 1111 1111 1112 12"), None);
+        let r = Redactor::default();
+        assert_eq!(
+            r.redact_str("card 4111 1111 1111 1111 12/29"),
+            "card [REDACTED:credit_card] 12/29"
+        );
     }
 
     #[test]

@@ -176,6 +176,7 @@ async fn an_unreachable_collector_never_blocks_and_is_reported() {
                 goal: "g".into(),
                 constraints: vec![],
                 budget: keel_core::Budget::default(),
+                definition: None,
             }
         } else {
             keel_core::EventKind::RunEnded {

@@ -86,6 +86,7 @@ async fn start_phoenix() -> Phoenix {
         log,
         _dir: dir,
     };
+    keel_telemetry::ensure_crypto_provider();
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
@@ -132,6 +133,7 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
 }
 
 async fn fetch_spans(port: u16, project: &str, trace_id: &str, want: usize) -> Vec<Value> {
+    keel_telemetry::ensure_crypto_provider();
     let client = reqwest::Client::new();
     let url = format!(
         "http://127.0.0.1:{port}/v1/projects/{project}/spans?trace_id={trace_id}&limit=100"

@@ -173,6 +173,62 @@ fn corpus() -> Vec<(String, &'static str)> {
             "dXNlcjpwYXNzd29yZDEyMw==",
         ),
         ("license ACME-123456 (custom pattern)", "ACME-123456"),
+        // A card number running on into its expiry escaped the Luhn check.
+        ("card 4111 1111 1111 1111 12/29", "4111 1111 1111 1111"),
+        ("card 4111111111111111 12/29", "4111111111111111"),
+        ("paid with 5555555555554444 exp 12/29", "5555555555554444"),
+        // URL credentials with an empty user name.
+        (
+            "cache redis://:r3d1sPassw0rd@10.0.0.5:6379/0",
+            "r3d1sPassw0rd",
+        ),
+        // Authorization schemes other than Bearer and Basic.
+        (
+            "Authorization: Token 9c1f8e2d7b6a5c4f3e2d1a0b",
+            "9c1f8e2d7b6a5c4f3e2d1a0b",
+        ),
+        (
+            r#"{"headers": {"Authorization": "ApiKey ak-77f3e9d2c1b0a9"}}"#,
+            "ak-77f3e9d2c1b0a9",
+        ),
+        (
+            "Proxy-Authorization: Digest username=bob, response=6629fae49393a05397450978507c4ef1",
+            "6629fae49393a05397450978507c4ef1",
+        ),
+        // A private key cut off before its END line (truncated output).
+        (
+            "key: -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\nMzEfYyjiWA4R4",
+            "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
+        ),
+        // Credentials in query strings and form bodies.
+        (
+            "GET https://files.example.com/dl?token=tK9x8Y7w6V5u4T3s2R1q&page=2",
+            "tK9x8Y7w6V5u4T3s2R1q",
+        ),
+        (
+            "https://cdn.example.com/a.png?exp=1718000000&sig=c2lnLXZhbHVlLTEyMzQ1Ng",
+            "c2lnLXZhbHVlLTEyMzQ1Ng",
+        ),
+        (
+            "https://bucket.s3.amazonaws.com/o?X-Amz-Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe",
+            "fe5f80f77d5fa3beca038a248ff027d0445342fe",
+        ),
+        (
+            "webhook body: id=42&signature=9d8c7b6a5f4e3d2c1b0a&ts=1",
+            "9d8c7b6a5f4e3d2c1b0a",
+        ),
+        (
+            "https://api.example.com/v1/items?access_token=AT-4f9a8b7c6d5e&x=1",
+            "AT-4f9a8b7c6d5e",
+        ),
+        (
+            "grant_type=client_credentials&api_key=AK-1a2b3c4d5e6f7a8b",
+            "AK-1a2b3c4d5e6f7a8b",
+        ),
+        (
+            "https://maps.example.com/geo?q=paris&key=QK-0f9e8d7c6b5a4938",
+            "QK-0f9e8d7c6b5a4938",
+        ),
         (r#"{"license_key": "LK-998877-ZZ"}"#, "LK-998877-ZZ"),
     ];
     v.into_iter().map(|(t, s)| (t.to_string(), s)).collect()

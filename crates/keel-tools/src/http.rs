@@ -16,19 +16,29 @@
 //! `${VAR}` and `${VAR:-default}` in the URL and header values are resolved from the
 //! environment when the tool is built ([`HttpTool::new`] names any missing variable);
 //! `{argument}` placeholders in the URL are filled from the call's arguments at call time
-//! (percent-encoded). Arguments not used in the URL go to the JSON body (POST, PUT, PATCH)
-//! or the query string (GET, DELETE), unless `body` lists them explicitly. Mutating tools
-//! send an `Idempotency-Key` header (stable across retries and resumes of the same call).
+//! (percent-encoded as one path segment; `.` and `..` are refused). Arguments not used in
+//! the URL go to the JSON body (POST, PUT, PATCH) or the query string (GET, DELETE), unless
+//! `body` lists them explicitly; arguments `input_schema` does not declare are refused
+//! unless it allows them (`additionalProperties`). Mutating tools send an
+//! `Idempotency-Key` header (stable across retries and resumes of the same call).
 //!
-//! HTTP statuses map to the tool error taxonomy with [`ToolErrorCode::from_http_status`];
-//! the error keeps the status and a bounded excerpt of the body in `details`, and
-//! `Retry-After` becomes `retry_after_ms`. JSON responses are parsed; anything else is
-//! returned as text. Every request has a timeout and honours `ToolContext::cancel`.
+//! Redirects follow the declaration's [`RedirectPolicy`] (default: same origin only), and
+//! the configured headers never travel to another origin. HTTP statuses map to the tool
+//! error taxonomy with [`ToolErrorCode::from_http_status`]; the error keeps the status and
+//! a bounded excerpt of the body in `details`, and `Retry-After` becomes
+//! `retry_after_ms`. Error texts never show query strings, userinfo or header values.
+//! JSON responses are parsed; anything else is returned as text. Every request has a
+//! timeout and honours `ToolContext::cancel`.
 
+mod errors;
+mod redact;
+pub mod redirect;
 mod response;
 pub mod template;
 
-use response::{error_message, redact_query, retry_after_ms};
+use redact::{Secrets, display_url};
+pub use redirect::RedirectPolicy;
+use response::retry_after_ms;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,8 +53,6 @@ use serde_json::{Map, Value, json};
 /// Longest response body read, in bytes; larger bodies are cut (and reported as an error
 /// for non-JSON-parsable results).
 const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-/// Longest body excerpt kept in an error's details and message, in characters.
-const EXCERPT_CHARS: usize = 2_000;
 /// Time allowed to open a connection (bounded further by the tool's timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -155,6 +163,14 @@ pub struct HttpToolConfig {
     /// Output larger than this (serialized JSON bytes) is truncated with a notice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_payload_bytes: Option<usize>,
+    /// Which redirects are followed: `same_origin` (default), `none` or `any` (then the
+    /// configured headers are not sent to other origins).
+    #[serde(default)]
+    pub redirects: RedirectPolicy,
+    /// The service deduplicates on the `Idempotency-Key` header every non-read-only call
+    /// sends (default false). Only then are failed `mutating` calls retried.
+    #[serde(default)]
+    pub honours_idempotency_key: bool,
 }
 
 /// Why an HTTP tool could not be built.
@@ -228,12 +244,34 @@ impl HttpToolConfig {
             .with_effect(self.effect.unwrap_or_else(|| self.method.default_effect()))
             .with_approval(self.approval)
             .with_retry(self.retry)
+            .with_idempotency_key(self.honours_idempotency_key)
             .with_timeout(Duration::from_millis(self.timeout_ms));
         if let Some(bytes) = self.max_payload_bytes {
             spec = spec.with_max_payload_bytes(bytes);
         }
         spec
     }
+}
+
+/// The argument names `input_schema` declares, or `None` when it explicitly allows other
+/// arguments (`additionalProperties` `true` or a schema, or any `patternProperties`).
+/// Without such a declaration, undeclared arguments are refused rather than forwarded.
+fn declared_args(input_schema: &Value) -> Option<Vec<String>> {
+    let allows_more = match input_schema.get("additionalProperties") {
+        Some(Value::Bool(allowed)) => *allowed,
+        Some(Value::Object(_)) => true,
+        _ => false,
+    } || input_schema.get("patternProperties").is_some();
+    if allows_more {
+        return None;
+    }
+    Some(
+        input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|properties| properties.keys().cloned().collect())
+            .unwrap_or_default(),
+    )
 }
 
 /// A tool calling an HTTP/JSON endpoint, built from an [`HttpToolConfig`].
@@ -245,7 +283,13 @@ pub struct HttpTool {
     /// Arguments used by the URL.
     url_args: Vec<String>,
     body_args: Option<Vec<String>>,
+    /// The arguments a call may have; `None` when the schema allows others
+    /// (`additionalProperties` true or a schema, or `patternProperties`).
+    declared_args: Option<Vec<String>>,
     headers: reqwest::header::HeaderMap,
+    redirects: RedirectPolicy,
+    /// Header values and URL-template credentials, kept out of error texts.
+    secrets: Secrets,
     client: reqwest::Client,
 }
 
@@ -257,6 +301,7 @@ impl std::fmt::Debug for HttpTool {
             .field("method", &self.method)
             .field("url", &self.url_template)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("redirects", &self.redirects)
             .finish_non_exhaustive()
     }
 }
@@ -331,6 +376,10 @@ impl HttpTool {
         if config.timeout_ms == 0 {
             problems.push("timeout_ms: must be greater than 0".into());
         }
+        let secrets = Secrets::of_tool(
+            header_values.iter().map(|(_, value)| value.as_str()),
+            &url_template,
+        );
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in header_values {
             let header_name = reqwest::header::HeaderName::from_bytes(name.as_bytes());
@@ -353,9 +402,11 @@ impl HttpTool {
         if !problems.is_empty() {
             return Err(HttpToolError::Invalid { tool, problems });
         }
+        // Redirects are followed by `send`, which can drop the configured headers.
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT.min(spec.timeout()))
             .timeout(spec.timeout())
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| HttpToolError::Client {
                 tool: tool.clone(),
@@ -367,7 +418,10 @@ impl HttpTool {
             url_template,
             url_args,
             body_args: config.body,
+            declared_args: declared_args(&config.input_schema),
             headers,
+            redirects: config.redirects,
+            secrets,
             client,
         })
     }
@@ -377,12 +431,9 @@ impl HttpTool {
         &self.url_template
     }
 
-    /// Builds the request for `args`, or an `invalid_input` error naming the argument.
-    fn request(
-        &self,
-        args: &Value,
-        ctx: &ToolContext,
-    ) -> Result<reqwest::RequestBuilder, ToolError> {
+    /// Checks `args` and builds the request's URL and JSON body, or an `invalid_input`
+    /// error naming the argument.
+    fn prepare(&self, args: &Value) -> Result<Prepared, ToolError> {
         let empty = Map::new();
         let args = match args {
             Value::Object(map) => map,
@@ -394,6 +445,20 @@ impl HttpTool {
                 )));
             }
         };
+        if let Some(declared) = &self.declared_args
+            && let Some(unknown) = args.keys().find(|key| !declared.contains(*key))
+        {
+            let accepted = if declared.is_empty() {
+                "it takes no arguments".to_string()
+            } else {
+                format!("accepted arguments are {}", declared.join(", "))
+            };
+            return Err(ToolError::invalid_input(format!(
+                "`{}` has no argument `{unknown}`; remove it from the call ({accepted})",
+                self.spec.name
+            ))
+            .with_details(json!({"field": unknown})));
+        }
         let url = template::fill_placeholders(&self.url_template, args)
             .map_err(ToolError::invalid_input)?;
         let mut url = url::Url::parse(&url).map_err(|error| {
@@ -409,61 +474,128 @@ impl HttpTool {
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut builder;
         if self.method.has_body() {
             let body = serde_json::to_vec(&Value::Object(rest)).map_err(|error| {
                 ToolError::invalid_input(format!("arguments cannot be serialized: {error}"))
             })?;
-            builder = self
-                .client
-                .request(self.method.as_reqwest(), url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body);
-        } else {
-            if !rest.is_empty() {
-                let mut pairs = url.query_pairs_mut();
-                for (key, value) in &rest {
-                    match value {
-                        Value::Array(items) => {
-                            for item in items {
-                                let text =
-                                    template::scalar_text(item).unwrap_or_else(|| item.to_string());
-                                pairs.append_pair(key, &text);
-                            }
-                        }
-                        Value::Null => {}
-                        other => {
+            return Ok(Prepared {
+                url,
+                body: Some(body),
+            });
+        }
+        if !rest.is_empty() {
+            let mut pairs = url.query_pairs_mut();
+            for (key, value) in &rest {
+                match value {
+                    Value::Array(items) => {
+                        for item in items {
                             let text =
-                                template::scalar_text(other).unwrap_or_else(|| other.to_string());
+                                template::scalar_text(item).unwrap_or_else(|| item.to_string());
                             pairs.append_pair(key, &text);
                         }
                     }
+                    Value::Null => {}
+                    other => {
+                        let text =
+                            template::scalar_text(other).unwrap_or_else(|| other.to_string());
+                        pairs.append_pair(key, &text);
+                    }
                 }
             }
-            builder = self.client.request(self.method.as_reqwest(), url);
         }
-        builder = builder.headers(self.headers.clone()).header(
-            reqwest::header::ACCEPT,
-            "application/json, text/plain;q=0.9, */*;q=0.5",
-        );
-        if self.spec.effect != Effect::ReadOnly {
-            builder = builder.header("Idempotency-Key", &ctx.idempotency_key);
+        Ok(Prepared { url, body: None })
+    }
+
+    /// Sends the request, following redirects as the tool's policy allows (see
+    /// [`redirect`]), all within the tool's timeout. Returns the final response.
+    async fn send(
+        &self,
+        prepared: Prepared,
+        ctx: &ToolContext,
+    ) -> Result<reqwest::Response, ToolError> {
+        let deadline = tokio::time::Instant::now() + self.spec.timeout();
+        let original = prepared.url.clone();
+        let mut url = prepared.url;
+        let mut body = prepared.body;
+        let mut method = self.method.as_reqwest();
+        // The configured headers go only to the tool's own origin: once a redirect leaves
+        // it, they stay behind for the rest of the chain.
+        let mut own_origin = true;
+        for _ in 0..=redirect::MAX_REDIRECTS {
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining.is_zero() {
+                return Err(self.timeout_error(&url));
+            }
+            let mut builder = self
+                .client
+                .request(method.clone(), url.clone())
+                .timeout(remaining)
+                .header(
+                    reqwest::header::ACCEPT,
+                    "application/json, text/plain;q=0.9, */*;q=0.5",
+                );
+            if own_origin {
+                builder = builder.headers(self.headers.clone());
+            }
+            if let Some(body) = &body {
+                builder = builder
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone());
+            }
+            if self.spec.effect != Effect::ReadOnly {
+                builder = builder.header("Idempotency-Key", &ctx.idempotency_key);
+            }
+            let response = builder
+                .send()
+                .await
+                .map_err(|error| self.transport_error(error, &url))?;
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|value| value.to_str().ok());
+            let hop = match redirect::next_hop(
+                self.redirects,
+                &original,
+                &url,
+                response.status(),
+                location,
+            ) {
+                None => return Ok(response),
+                Some(Ok(hop)) => hop,
+                Some(Err(refusal)) => return Err(self.refused_redirect(&url, &response, refusal)),
+            };
+            if hop.becomes_get && method != reqwest::Method::GET {
+                method = reqwest::Method::GET;
+                body = None;
+            }
+            own_origin &= !hop.cross_origin;
+            url = hop.url;
         }
-        Ok(builder)
+        Err(ToolError::new(
+            ToolErrorCode::ToolBug,
+            format!(
+                "`{}`: more than {} redirects starting at {}; point `url` at the final \
+                 address",
+                self.spec.name,
+                redirect::MAX_REDIRECTS,
+                display_url(&original)
+            ),
+        ))
     }
 
     async fn perform(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
-        let request = self.request(&args, ctx)?;
+        let prepared = self.prepare(&args)?;
+        let mut response = self.send(prepared, ctx).await?;
         let name = &self.spec.name;
-        let mut response = request.send().await.map_err(|e| self.transport_error(&e))?;
         let status = response.status();
+        let url = response.url().clone();
         let retry_after_ms = retry_after_ms(response.headers());
         let mut body = Vec::new();
         let mut cut = false;
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|e| self.transport_error(&e))?
+            .map_err(|error| self.transport_error(error, &url))?
         {
             let room = MAX_BODY_BYTES.saturating_sub(body.len());
             body.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
@@ -472,9 +604,9 @@ impl HttpTool {
                 break;
             }
         }
-        let text = String::from_utf8_lossy(&body).into_owned();
         let parsed: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
+            let text = String::from_utf8_lossy(&body).into_owned();
             if cut && parsed.is_none() {
                 return Err(ToolError::new(
                     ToolErrorCode::ToolBug,
@@ -487,62 +619,14 @@ impl HttpTool {
                 None => Value::String(text),
             });
         }
-        let code = ToolErrorCode::from_http_status(status.as_u16()).unwrap_or(
-            if status.is_client_error() {
-                ToolErrorCode::InvalidInput
-            } else {
-                ToolErrorCode::ToolBug
-            },
-        );
-        let excerpt: String = text.chars().take(EXCERPT_CHARS).collect();
-        let reason = parsed
-            .as_ref()
-            .and_then(error_message)
-            .unwrap_or_else(|| excerpt.clone());
-        let mut message = format!(
-            "`{name}` got HTTP {} from {} {}",
-            status.as_u16(),
-            self.method.as_reqwest(),
-            redact_query(response.url())
-        );
-        if !reason.trim().is_empty() {
-            message.push_str(": ");
-            message.push_str(reason.trim());
-        }
-        let mut details = json!({"status": status.as_u16(), "body": excerpt});
-        if let (Some(parsed), Value::Object(map)) = (parsed, &mut details) {
-            map.insert("body_json".into(), parsed);
-        }
-        let mut error = ToolError::new(code, message).with_details(details);
-        if let Some(ms) = retry_after_ms {
-            error = error.with_retry_after_ms(ms);
-        }
-        Err(error)
+        Err(self.status_error(status, &url, &body, cut, parsed, retry_after_ms))
     }
+}
 
-    fn transport_error(&self, error: &reqwest::Error) -> ToolError {
-        let name = &self.spec.name;
-        let target = error.url().map(redact_query).unwrap_or_default();
-        if error.is_timeout() {
-            ToolError::new(
-                ToolErrorCode::Timeout,
-                format!(
-                    "`{name}`: {target} did not answer within {} ms",
-                    self.spec.timeout_ms
-                ),
-            )
-        } else if error.is_connect() {
-            ToolError::new(
-                ToolErrorCode::RetryableServer,
-                format!("`{name}`: cannot connect to {target}; is the service running? ({error})"),
-            )
-        } else {
-            ToolError::new(
-                ToolErrorCode::RetryableServer,
-                format!("`{name}`: request to {target} failed: {error}"),
-            )
-        }
-    }
+/// The URL and JSON body of one call, before sending.
+struct Prepared {
+    url: url::Url,
+    body: Option<Vec<u8>>,
 }
 
 impl DynTool for HttpTool {

@@ -9,6 +9,7 @@ mod render;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keel_core::{CancellationToken, EventStore, Message};
 use keel_runtime::{Agent, RunContext, RunObserver, RunOutcome, Thread};
@@ -79,12 +80,46 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     };
     session.banner();
     let result = session.repl(&input).await;
-    if let Some(sink) = &session.telemetry
-        && let Err(error) = sink.shutdown().await
-    {
-        eprintln!("keel chat: telemetry shutdown: {error}");
+    if let Some(sink) = &session.telemetry {
+        stop_telemetry(sink, telemetry_shutdown_limit()).await;
     }
     result
+}
+
+/// How long the session waits for its telemetry to flush and stop: one OTLP export
+/// (`export_timeout_ms` of `[telemetry]`) plus a margin for the trace files.
+fn telemetry_shutdown_limit() -> Duration {
+    Duration::from_millis(crate::config::get().telemetry.export_timeout_ms) + Duration::from_secs(5)
+}
+
+/// Flushes and stops the telemetry sink, giving up after `limit` (the session then exits
+/// anyway; trace files may lack their last lines), so `/exit` and Ctrl-D always end the
+/// process in bounded time.
+async fn stop_telemetry(sink: &TelemetrySink, limit: Duration) {
+    stop_within("telemetry", limit, sink.shutdown()).await;
+}
+
+/// Awaits a shutdown step for at most `limit`, reporting an error or the timeout on
+/// stderr. Returns whether it finished in time.
+async fn stop_within<T, E: std::fmt::Display>(
+    what: &str,
+    limit: Duration,
+    stop: impl std::future::Future<Output = Result<T, E>>,
+) -> bool {
+    match tokio::time::timeout(limit, stop).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) => {
+            eprintln!("keel chat: {what} shutdown: {error}");
+            true
+        }
+        Err(_) => {
+            eprintln!(
+                "keel chat: {what} did not stop within {} ms; exiting without it",
+                limit.as_millis()
+            );
+            false
+        }
+    }
 }
 
 /// Telemetry for the session's runs, from `[telemetry]` of keel.toml (with `OTEL_*`
@@ -299,5 +334,27 @@ impl Session {
             }
             _ => println!("(trace files are off in this session)"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shutdown step that never finishes (a stuck exporter) must not keep the session
+    /// from exiting: it is abandoned at the limit.
+    #[tokio::test]
+    async fn a_stuck_shutdown_step_is_abandoned_at_its_limit() {
+        let stuck = std::future::pending::<Result<(), String>>();
+        let finished = tokio::time::timeout(
+            Duration::from_secs(60),
+            stop_within("stuck", Duration::from_millis(50), stuck),
+        )
+        .await;
+        assert_eq!(finished, Ok(false), "the stuck step was not abandoned");
+        let done = stop_within("done", Duration::from_secs(60), async {
+            Ok::<_, String>(())
+        });
+        assert!(done.await);
     }
 }

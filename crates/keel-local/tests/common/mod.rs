@@ -1,5 +1,6 @@
 //! Shared helpers for the keel-local integration tests: the default model (the tests fail,
-//! never skip, when it is missing) and stream collection.
+//! never skip, when it is missing; its weights are loaded once per test binary), stream
+//! collection, and the random tool catalogues (`catalogs`).
 
 #![allow(
     dead_code,
@@ -9,7 +10,10 @@
     clippy::indexing_slicing
 )]
 
+pub mod catalogs;
+
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use futures::StreamExt;
 use keel_core::model::ResponseAssembler;
@@ -28,8 +32,16 @@ pub fn model_path() -> PathBuf {
     }
 }
 
-/// The default model with the given options.
+/// The default model with the given options. The first call loads the weights and keeps
+/// them for the rest of the test binary (`LocalModel::load` reuses the weights of a file
+/// while any model on it is alive), so each test does not load the file and rebuild
+/// llguidance's vocabulary tables again.
 pub fn model(options: LocalModelOptions) -> LocalModel {
+    static WEIGHTS: OnceLock<LocalModel> = OnceLock::new();
+    WEIGHTS.get_or_init(|| {
+        LocalModel::load(model_path(), LocalModelOptions::default())
+            .expect("load the default local model")
+    });
     LocalModel::load(model_path(), options).expect("load the default local model")
 }
 

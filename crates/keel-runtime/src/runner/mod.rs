@@ -60,6 +60,7 @@ pub(crate) async fn start(
             goal,
             constraints: Vec::new(),
             budget: agent.budget,
+            definition: Some(Box::new(agent.definition.clone())),
         },
         span.clone(),
     )];
@@ -78,18 +79,53 @@ pub(crate) async fn resume(
     thread: &mut Thread,
     ctx: &RunContext,
 ) -> Result<RunOutcome, RunError> {
-    let Some(run_id) = thread
-        .state()
-        .run()
-        .filter(|_| thread.state().run_in_progress())
-        .map(|run| run.run_id.clone())
-    else {
+    if !thread.state().run_in_progress() {
         return Err(RunError::NothingToResume(thread.id().to_string()));
-    };
-    let events = ctx.store.load(thread.id()).await?;
-    let run_events: Vec<_> = events.into_iter().filter(|e| e.run_id == run_id).collect();
-    let mut journal = Journal::resume(thread, ctx, run_events);
+    }
+    let changes = check_resumable(agent, thread)?;
+    let mut journal = Journal::resume(thread, ctx);
+    if !changes.is_empty() {
+        journal
+            .append(EventKind::Notice {
+                code: AGENT_CHANGED_NOTICE.into(),
+                message: format!(
+                    "the run continues with a changed agent: {}",
+                    changes.join("; ")
+                ),
+                data: Some(serde_json::json!({ "changes": changes })),
+            })
+            .await?;
+    }
     drive(agent, &mut journal).await
+}
+
+/// Notice code recorded when a run continues with an agent that differs (compatibly)
+/// from the one it started with.
+pub const AGENT_CHANGED_NOTICE: &str = "agent_changed";
+
+/// Compares `agent` with the definition the thread's latest run recorded when it started:
+/// an incompatible agent (a tool of the run gone or reshaped) is refused before anything
+/// is appended; compatible differences are returned to be recorded. Runs recorded before
+/// definitions existed are continued as they are.
+pub(crate) fn check_resumable(agent: &Agent, thread: &Thread) -> Result<Vec<String>, RunError> {
+    let recorded = thread.run_events().iter().find_map(|e| match &e.kind {
+        EventKind::RunStarted { definition, .. } => definition.as_ref(),
+        _ => None,
+    });
+    let Some(recorded) = recorded else {
+        return Ok(Vec::new());
+    };
+    let comparison = agent
+        .definition
+        .fingerprint
+        .compare_with(&recorded.fingerprint);
+    if !comparison.is_compatible() {
+        return Err(RunError::IncompatibleAgent {
+            thread_id: thread.id().to_string(),
+            problems: comparison.incompatible,
+        });
+    }
+    Ok(comparison.changed)
 }
 
 /// The loop.

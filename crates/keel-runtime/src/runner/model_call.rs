@@ -105,7 +105,7 @@ fn build_request<'a>(
         },
         temperature: agent.temperature,
         top_p: None,
-        max_output_tokens: agent.max_output_tokens,
+        max_output_tokens: agent.request_max_output,
         response_schema: if final_summary {
             None
         } else {
@@ -125,6 +125,22 @@ pub(super) async fn call_model(
     let mut overflowed = false;
     loop {
         let (budget, estimated) = measure(agent, journal, system.as_deref(), final_summary);
+        if let Some(message) =
+            window_too_small(&budget).filter(|_| agent.context.strategy.is_some())
+        {
+            let failure = ModelFailure {
+                kind: ModelErrorKind::ContextOverflow,
+                message,
+                status: None,
+            };
+            return journal
+                .append(EventKind::ModelFailed {
+                    turn,
+                    error: failure,
+                })
+                .await;
+        }
+        let measured_at = journal.state().next_seq();
         match compaction::prepare(agent, journal, budget, estimated, overflowed).await? {
             Prepared::Ready => {}
             Prepared::Cancelled => return Ok(()),
@@ -142,7 +158,14 @@ pub(super) async fn call_model(
                     .await;
             }
         }
-        let (message_count, estimated) = {
+        // The request is measured again only when preparing the context changed it (a
+        // compaction appended events): estimating can mean tokenizing the whole request.
+        let (message_count, estimated) = if journal.state().next_seq() == measured_at {
+            (
+                request_messages(agent, journal.state().messages()).len(),
+                estimated,
+            )
+        } else {
             let messages = request_messages(agent, journal.state().messages());
             let forced = forced_tool_choice(journal);
             let request = build_request(
@@ -173,7 +196,7 @@ pub(super) async fn call_model(
                         .split_once(':')
                         .map(|(provider, _)| provider.to_string()),
                     temperature: agent.temperature,
-                    max_tokens: agent.max_output_tokens,
+                    max_tokens: agent.request_max_output,
                     context_window: Some(u64::from(window)),
                 },
                 span.clone(),
@@ -246,6 +269,25 @@ pub(super) async fn call_model(
 }
 
 /// The token budget and the estimated size of the request as it would be sent now.
+/// When the fixed part of every request (system prompt and tool definitions) does not fit
+/// the window once the answer's reservation and the safety margin are taken out, no
+/// compaction can help: the reason, said with the numbers and the fixes.
+fn window_too_small(budget: &TokenBudget) -> Option<String> {
+    let fixed = budget.corrected(budget.fixed);
+    let limit = budget.request_limit();
+    (fixed > limit).then(|| {
+        format!(
+            "the context window of {} tokens is too small for this agent: the system prompt and \
+             tool definitions alone need ~{fixed} tokens, but only {limit} remain after {} tokens \
+             reserved for the answer and a {} token safety margin; raise --context-window, lower \
+             --max-output-tokens, or offer fewer tools",
+            budget.context_window,
+            budget.reserved_output,
+            budget.safety_margin()
+        )
+    })
+}
+
 fn measure(
     agent: &Agent,
     journal: &Journal<'_>,

@@ -53,7 +53,22 @@ pub(super) async fn execute_tools(
             )
         })
         .collect();
-    journal.append_batch(started).await?;
+    // A mutating call's start must be on stable storage before its side effect can happen:
+    // after a power loss the log must still say the call may have run.
+    let starts_mutation = calls.iter().any(|p| {
+        is_executed(p)
+            && !p.started
+            && agent
+                .tools
+                .get(&p.call.name)
+                .is_some_and(|tool| tool.spec().effect == keel_core::Effect::Mutating)
+    });
+    let durability = if starts_mutation {
+        keel_core::AppendDurability::Sync
+    } else {
+        keel_core::AppendDurability::Default
+    };
+    journal.append_batch_with(started, durability).await?;
 
     let ctx = journal.ctx().clone();
     let thread_id = journal.thread_id().to_string();
@@ -124,8 +139,9 @@ pub(super) async fn execute_tools(
                 &outcome,
                 decision.clone().unwrap_or(PolicyDecision::ReturnToModel),
             ));
+            // The fallback is another side effect: it gets its own idempotency key.
             let fallback_call = ToolCall {
-                id: call.id.clone(),
+                id: format!("{}.fallback.{tool}", call.id),
                 name: tool.clone(),
                 arguments: call.arguments.clone(),
             };

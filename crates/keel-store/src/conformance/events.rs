@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use keel_core::EndState;
 use keel_core::event::{Event, EventKind};
-use keel_core::store::{EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary};
+use keel_core::store::{
+    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary,
+};
 
 use super::fixtures::{at, event, notice, rich_log, run_ended, run_started};
 use super::{ConformanceError, ensure, ensure_eq, fail};
@@ -620,5 +622,347 @@ pub async fn long_thread(store: Arc<dyn EventStore>) -> R {
         C,
         log.iter().enumerate().all(|(i, e)| e.seq == i as u64),
         || "seqs out of order".into(),
+    )
+}
+
+/// `n` notices on `thread` from `from`, tagged with `code` (to tell batches apart).
+fn tagged(thread: &str, from: u64, n: u64, code: &str) -> Vec<Event> {
+    (from..from + n)
+        .map(|seq| event(thread, seq, 50, notice(code, &format!("{seq}"))))
+        .collect()
+}
+
+/// The notice codes of a log, in order.
+fn codes(log: &[Event]) -> Vec<String> {
+    log.iter()
+        .map(|e| match &e.kind {
+            EventKind::Notice { code, .. } => code.clone(),
+            other => format!("<{}>", other.name()),
+        })
+        .collect()
+}
+
+/// An append not yet awaited.
+type PendingAppend =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>>;
+
+/// Runs `futures` concurrently (so a group-committing store puts them in shared groups)
+/// with a generous deadline.
+async fn all_at_once(
+    case: &'static str,
+    futures: Vec<PendingAppend>,
+) -> Result<Vec<Result<(), StoreError>>, ConformanceError> {
+    tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(futures))
+        .await
+        .map_err(|_| fail(case, "concurrent appends did not finish within 120 s"))
+}
+
+/// Many threads appended to at once, a third of them also by a stale and a future
+/// appender: every caller gets its own answer, a conflicting batch writes nothing, and
+/// the other threads are unaffected.
+pub async fn concurrent_conflicts_isolated(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "concurrent_conflicts_isolated";
+    const THREADS: usize = 48;
+    let ids: Vec<String> = (0..THREADS).map(|i| format!("t-iso-{i}")).collect();
+    for id in &ids {
+        store
+            .append(id, 0, &tagged(id, 0, 1, "seed"))
+            .await
+            .map_err(backend(C, "seed"))?;
+    }
+    let mut calls: Vec<PendingAppend> = Vec::new();
+    let mut kinds = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let good = tagged(id, 1, 3, "good");
+        let s = store.clone();
+        let thread = id.clone();
+        calls.push(Box::pin(async move { s.append(&thread, 1, &good).await }) as PendingAppend);
+        kinds.push((i, "good"));
+        if i % 3 == 0 {
+            let stale = tagged(id, 0, 2, "stale");
+            let s = store.clone();
+            let thread = id.clone();
+            calls.push(Box::pin(async move { s.append(&thread, 0, &stale).await }));
+            kinds.push((i, "stale"));
+            let ahead = tagged(id, 7, 2, "ahead");
+            let s = store.clone();
+            let thread = id.clone();
+            calls.push(Box::pin(async move { s.append(&thread, 7, &ahead).await }));
+            kinds.push((i, "ahead"));
+        }
+    }
+    let results = all_at_once(C, calls).await?;
+    for ((i, kind), result) in kinds.iter().zip(&results) {
+        let ok = match *kind {
+            "good" => result.is_ok(),
+            // The log holds 1 event, or 4 once the good batch landed first.
+            _ => is_conflict(result, 1) || is_conflict(result, 4),
+        };
+        ensure(C, ok, || format!("thread {i}, {kind} append: {result:?}"))?;
+    }
+    for id in &ids {
+        let log = store.load(id).await.map_err(backend(C, "load"))?;
+        ensure_eq(
+            C,
+            &format!("log of {id}"),
+            codes(&log),
+            vec![
+                "seed".to_string(),
+                "good".into(),
+                "good".into(),
+                "good".into(),
+            ],
+        )?;
+        let s = summary(C, store.as_ref(), id)
+            .await?
+            .ok_or_else(|| fail(C, format!("{id} not listed")))?;
+        ensure_eq(C, "summary event_count", s.event_count, 4)?;
+    }
+    Ok(())
+}
+
+/// Appends to ONE thread racing each other: 16 at seq 0 (exactly one wins, the others
+/// conflict and write nothing), then 8 at seqs 3, 6, … 24 at once (the winners form a
+/// chain from 3 with no gap, exactly as if they had run one after another).
+pub async fn same_thread_race(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "same_thread_race";
+    let mut calls: Vec<PendingAppend> = Vec::new();
+    for racer in 0..16 {
+        let s = store.clone();
+        let batch = tagged("t-race", 0, 3, &format!("r{racer}"));
+        calls.push(Box::pin(async move { s.append("t-race", 0, &batch).await }) as PendingAppend);
+    }
+    let results = all_at_once(C, calls).await?;
+    let winners: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(i, _)| i)
+        .collect();
+    ensure_eq(C, "winners at seq 0", winners.len(), 1)?;
+    for (i, result) in results.iter().enumerate() {
+        ensure(C, result.is_ok() || is_conflict(result, 3), || {
+            format!("racer {i}: {result:?}")
+        })?;
+    }
+    let winner = format!("r{}", winners.first().copied().unwrap_or_default());
+    let log = store.load("t-race").await.map_err(backend(C, "load"))?;
+    ensure_eq(
+        C,
+        "log after the first race",
+        codes(&log),
+        vec![winner.clone(); 3],
+    )?;
+
+    let mut calls: Vec<PendingAppend> = Vec::new();
+    for k in 1..=8u64 {
+        let s = store.clone();
+        let batch = tagged("t-race", 3 * k, 3, &format!("k{k}"));
+        calls.push(
+            Box::pin(async move { s.append("t-race", 3 * k, &batch).await }) as PendingAppend,
+        );
+    }
+    let results = all_at_once(C, calls).await?;
+    let succeeded: Vec<u64> = (1..=8u64)
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(k, _)| k)
+        .collect();
+    ensure(C, succeeded.first() == Some(&1), || {
+        format!("the append at seq 3 must win its seq: results {results:?}")
+    })?;
+    ensure(
+        C,
+        succeeded.iter().zip(1u64..).all(|(k, want)| *k == want),
+        || format!("winners must form a chain from seq 3: {succeeded:?}"),
+    )?;
+    let log = store.load("t-race").await.map_err(backend(C, "load"))?;
+    let mut want = vec![winner; 3];
+    for k in &succeeded {
+        want.extend(vec![format!("k{k}"); 3]);
+    }
+    ensure_eq(C, "log after the chain race", codes(&log), want)?;
+    ensure(
+        C,
+        log.iter().enumerate().all(|(i, e)| e.seq == i as u64),
+        || "seqs are not contiguous".into(),
+    )?;
+    let s = summary(C, store.as_ref(), "t-race")
+        .await?
+        .ok_or_else(|| fail(C, "not listed"))?;
+    ensure_eq(C, "summary event_count", s.event_count, log.len() as u64)
+}
+
+/// Invalid batches sent together with valid ones (on other threads and on the same
+/// thread) are rejected alone; the valid ones are written.
+pub async fn invalid_batch_among_valid(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "invalid_batch_among_valid";
+    let mut calls: Vec<PendingAppend> = Vec::new();
+    let mut valid = Vec::new();
+    for i in 0..12 {
+        let id = format!("t-mix-{i}");
+        let s = store.clone();
+        let batch = tagged(&id, 0, 2, "good");
+        let thread = id.clone();
+        calls.push(Box::pin(async move { s.append(&thread, 0, &batch).await }) as PendingAppend);
+        valid.push(true);
+        // An invalid batch on the same thread (a gap) and one on a fresh thread (foreign ids).
+        let mut gap = tagged(&id, 0, 3, "gap");
+        if let Some(e) = gap.get_mut(1) {
+            e.seq = 9;
+        }
+        let s = store.clone();
+        let thread = id.clone();
+        calls.push(Box::pin(async move { s.append(&thread, 0, &gap).await }));
+        valid.push(false);
+        let foreign = tagged("t-elsewhere", 0, 1, "foreign");
+        let s = store.clone();
+        let thread = format!("t-bad-{i}");
+        calls.push(Box::pin(
+            async move { s.append(&thread, 0, &foreign).await },
+        ));
+        valid.push(false);
+    }
+    let results = all_at_once(C, calls).await?;
+    for (i, (result, is_valid)) in results.iter().zip(&valid).enumerate() {
+        let ok = if *is_valid {
+            result.is_ok()
+        } else {
+            matches!(result, Err(StoreError::InvalidBatch(_)))
+        };
+        ensure(C, ok, || {
+            format!("call {i} (valid: {is_valid}): {result:?}")
+        })?;
+    }
+    for i in 0..12 {
+        let id = format!("t-mix-{i}");
+        let log = store.load(&id).await.map_err(backend(C, "load"))?;
+        ensure_eq(
+            C,
+            &format!("log of {id}"),
+            codes(&log),
+            vec!["good".to_string(); 2],
+        )?;
+        ensure(
+            C,
+            summary(C, store.as_ref(), &format!("t-bad-{i}"))
+                .await?
+                .is_none(),
+            || format!("invalid batch created t-bad-{i}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Once `append` returned, `load` and `list_threads` see it (from many tasks at once).
+pub async fn read_your_writes(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "read_your_writes";
+    let mut handles = Vec::new();
+    for task in 0..16u64 {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            let id = format!("t-ryw-{task}");
+            for step in 0..10u64 {
+                let batch = tagged(&id, step * 2, 2, "w");
+                store
+                    .append(&id, step * 2, &batch)
+                    .await
+                    .map_err(|e| format!("{id} append {step}: {e}"))?;
+                let log = store
+                    .load(&id)
+                    .await
+                    .map_err(|e| format!("{id} load: {e}"))?;
+                if log.len() as u64 != step * 2 + 2 {
+                    return Err(format!(
+                        "{id}: load after append {step} saw {} events, expected {}",
+                        log.len(),
+                        step * 2 + 2
+                    ));
+                }
+                let listed = store
+                    .list_threads(&ThreadFilter::default())
+                    .await
+                    .map_err(|e| format!("{id} list: {e}"))?;
+                let count = listed
+                    .iter()
+                    .find(|s| s.thread_id == id)
+                    .map(|s| s.event_count);
+                if count != Some(step * 2 + 2) {
+                    return Err(format!(
+                        "{id}: listing after append {step} says {count:?} events"
+                    ));
+                }
+            }
+            Ok(())
+        }));
+    }
+    let joined = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(handles))
+        .await
+        .map_err(|_| fail(C, "tasks did not finish within 120 s"))?;
+    for result in joined {
+        result
+            .map_err(|e| fail(C, format!("task panicked: {e}")))?
+            .map_err(|e| fail(C, e))?;
+    }
+    Ok(())
+}
+
+/// `append_with(Sync)` appends like `append` (alone and mixed with default appends), and
+/// conflicts the same way.
+pub async fn append_with_sync(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "append_with_sync";
+    store
+        .append_with(
+            "t-sync",
+            0,
+            &tagged("t-sync", 0, 2, "s"),
+            AppendDurability::Sync,
+        )
+        .await
+        .map_err(backend(C, "sync append"))?;
+    let stale = store
+        .append_with(
+            "t-sync",
+            1,
+            &tagged("t-sync", 1, 1, "x"),
+            AppendDurability::Sync,
+        )
+        .await;
+    ensure(C, is_conflict(&stale, 2), || {
+        format!("stale sync append: {stale:?}")
+    })?;
+    let mut calls: Vec<PendingAppend> = Vec::new();
+    for i in 0..20u64 {
+        let s = store.clone();
+        let id = format!("t-sync-{i}");
+        let durability = if i % 4 == 0 {
+            AppendDurability::Sync
+        } else {
+            AppendDurability::Default
+        };
+        calls.push(Box::pin(async move {
+            let batch = tagged(&id, 0, 3, "m");
+            s.append_with(&id, 0, &batch, durability).await
+        }) as PendingAppend);
+    }
+    for (i, result) in all_at_once(C, calls).await?.iter().enumerate() {
+        ensure(C, result.is_ok(), || {
+            format!("mixed append {i}: {result:?}")
+        })?;
+    }
+    for i in 0..20u64 {
+        let id = format!("t-sync-{i}");
+        ensure_eq(
+            C,
+            &format!("length of {id}"),
+            store.load(&id).await.map_err(backend(C, "load"))?.len(),
+            3,
+        )?;
+    }
+    ensure_eq(
+        C,
+        "t-sync",
+        codes(&store.load("t-sync").await.map_err(backend(C, "load"))?),
+        vec!["s".to_string(); 2],
     )
 }

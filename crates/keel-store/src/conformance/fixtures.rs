@@ -49,6 +49,7 @@ pub fn run_started(agent: &str) -> EventKind {
         goal: "assess release 1.2".into(),
         constraints: vec!["no network".into()],
         budget: Budget::unlimited().with_max_turns(7),
+        definition: None,
     }
 }
 

@@ -17,8 +17,9 @@ use keel_core::store::EventStore;
 use crate::queue::RunQueue;
 
 pub use events::{
-    batch_atomicity, concurrent_appenders, conflict_on_wrong_seq, delete, empty_append, fork,
-    invalid_batch, list_threads, long_thread, purge, round_trip,
+    append_with_sync, batch_atomicity, concurrent_appenders, concurrent_conflicts_isolated,
+    conflict_on_wrong_seq, delete, empty_append, fork, invalid_batch, invalid_batch_among_valid,
+    list_threads, long_thread, purge, read_your_writes, round_trip, same_thread_race,
 };
 pub use queue::{
     queue_enqueue_acquire_complete, queue_exclusive_under_concurrency,
@@ -81,6 +82,11 @@ pub const EVENT_CASES: &[&str] = &[
     "delete",
     "purge",
     "long_thread",
+    "concurrent_conflicts_isolated",
+    "same_thread_race",
+    "invalid_batch_among_valid",
+    "read_your_writes",
+    "append_with_sync",
 ];
 
 /// Runs one event-store case by name.
@@ -100,6 +106,11 @@ pub async fn run_event_case(
         "delete" => delete(store).await,
         "purge" => purge(store).await,
         "long_thread" => long_thread(store).await,
+        "concurrent_conflicts_isolated" => concurrent_conflicts_isolated(store).await,
+        "same_thread_race" => same_thread_race(store).await,
+        "invalid_batch_among_valid" => invalid_batch_among_valid(store).await,
+        "read_your_writes" => read_your_writes(store).await,
+        "append_with_sync" => append_with_sync(store).await,
         other => Err(fail("run_event_case", format!("unknown case {other:?}"))),
     }
 }

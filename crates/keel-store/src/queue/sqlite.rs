@@ -1,14 +1,17 @@
-//! The run queue on SQLite. Each operation is a single statement; SQLite serializes
-//! writers, so `acquire` (one `UPDATE ... WHERE job_id = (SELECT ... LIMIT 1) RETURNING`)
-//! can never hand one job to two workers. Lease times use this process's clock.
+//! The run queue on SQLite. Each update is a single statement run by the store's writer
+//! thread (inside its group transaction, like appends); SQLite serializes writers, so
+//! `acquire` (one `UPDATE ... WHERE job_id = (SELECT ... LIMIT 1) RETURNING`) can never
+//! hand one job to two workers, in this process or another. Lookups use the read pool.
+//! Lease times use this process's clock.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use keel_core::store::AppendDurability;
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use super::{
     JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker,
@@ -20,19 +23,42 @@ fn now_ns() -> i64 {
     crate::rows::ts_to_ns_saturating(Utc::now())
 }
 
-fn lease_from_row(row: &SqliteRow, worker_id: &str) -> Result<Lease, QueueError> {
-    let decode = |e: sqlx::Error| backend("sqlite decode lease", e);
-    let payload: String = row.try_get("payload").map_err(decode)?;
-    Ok(Lease {
-        job_id: row.try_get("job_id").map_err(decode)?,
-        thread_id: row.try_get("thread_id").map_err(decode)?,
-        payload: serde_json::from_str(&payload)
-            .map_err(|e| backend("stored payload does not parse", e))?,
+fn lease_from_row(row: &rusqlite::Row<'_>, worker_id: &str) -> rusqlite::Result<RawLease> {
+    Ok(RawLease {
+        job_id: row.get("job_id")?,
+        thread_id: row.get("thread_id")?,
+        payload: row.get("payload")?,
         worker_id: worker_id.to_string(),
-        token: to_u64(row.try_get("lease_token").map_err(decode)?),
-        expires_at: crate::rows::ns_to_ts(row.try_get("lease_expires_at").map_err(decode)?),
-        attempts: to_u32(row.try_get("attempts").map_err(decode)?),
+        token: row.get("lease_token")?,
+        expires_at: row.get("lease_expires_at")?,
+        attempts: row.get("attempts")?,
     })
+}
+
+/// A leased row as read on the writer thread (decoded into a [`Lease`] by the caller).
+struct RawLease {
+    job_id: i64,
+    thread_id: String,
+    payload: String,
+    worker_id: String,
+    token: i64,
+    expires_at: i64,
+    attempts: i64,
+}
+
+impl RawLease {
+    fn into_lease(self) -> Result<Lease, QueueError> {
+        Ok(Lease {
+            job_id: self.job_id,
+            thread_id: self.thread_id,
+            payload: serde_json::from_str(&self.payload)
+                .map_err(|e| backend("stored payload does not parse", e))?,
+            worker_id: self.worker_id,
+            token: to_u64(self.token),
+            expires_at: crate::rows::ns_to_ts(self.expires_at),
+            attempts: to_u32(self.attempts),
+        })
+    }
 }
 
 fn token(lease: &Lease) -> i64 {
@@ -49,54 +75,63 @@ impl RunQueue for SqliteStore {
         }
         let body = serde_json::to_string(payload)
             .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
-        sqlx::query_scalar(
-            "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) VALUES (?1, ?2, 'queued', ?3, ?3) \
-             ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = excluded.payload, \
-             rerun = (run_queue.state = 'leased'), updated_at = excluded.updated_at RETURNING job_id",
-        )
-        .bind(thread_id)
-        .bind(body)
-        .bind(now_ns())
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| backend("sqlite enqueue", e))
+        let thread = thread_id.to_string();
+        let now = now_ns();
+        self.writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                conn.prepare_cached(
+                    "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) VALUES (?1, ?2, 'queued', ?3, ?3) \
+                     ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = excluded.payload, \
+                     rerun = (run_queue.state = 'leased'), updated_at = excluded.updated_at RETURNING job_id",
+                )
+                .and_then(|mut stmt| stmt.query_row(params![thread, body, now], |row| row.get(0)))
+                .map_err(|e| backend("sqlite enqueue", e))
+            })
+            .await
     }
 
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
         check_worker(worker_id)?;
         let now = now_ns();
         let expires = now.saturating_add(ttl_ns(ttl)?);
-        let row = sqlx::query(
-            "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
-             lease_expires_at = ?2, attempts = attempts + 1, updated_at = ?3 \
-             WHERE job_id = (SELECT job_id FROM run_queue WHERE state = 'queued' \
-             OR (state = 'leased' AND lease_expires_at <= ?3) ORDER BY job_id LIMIT 1) \
-             RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
-        )
-        .bind(worker_id)
-        .bind(expires)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| backend("sqlite acquire", e))?;
-        row.map(|row| lease_from_row(&row, worker_id)).transpose()
+        let worker = worker_id.to_string();
+        let raw = self
+            .writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                conn.prepare_cached(
+                    "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
+                     lease_expires_at = ?2, attempts = attempts + 1, updated_at = ?3 \
+                     WHERE job_id = (SELECT job_id FROM run_queue WHERE state = 'queued' \
+                     OR (state = 'leased' AND lease_expires_at <= ?3) ORDER BY job_id LIMIT 1) \
+                     RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![worker, expires, now], |row| {
+                        lease_from_row(row, &worker)
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend("sqlite acquire", e))
+            })
+            .await?;
+        raw.map(RawLease::into_lease).transpose()
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError> {
         let now = now_ns();
         let expires = now.saturating_add(ttl_ns(ttl)?);
-        let done = sqlx::query(
-            "UPDATE run_queue SET lease_expires_at = ?1, updated_at = ?2 WHERE job_id = ?3 AND lease_token = ?4 \
-             AND state = 'leased' AND lease_expires_at > ?2",
-        )
-        .bind(expires)
-        .bind(now)
-        .bind(lease.job_id)
-        .bind(token(lease))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| backend("sqlite renew", e))?
-        .rows_affected();
+        let (job_id, token) = (lease.job_id, token(lease));
+        let done = self
+            .writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                conn.prepare_cached(
+                    "UPDATE run_queue SET lease_expires_at = ?1, updated_at = ?2 WHERE job_id = ?3 AND lease_token = ?4 \
+                     AND state = 'leased' AND lease_expires_at > ?2",
+                )
+                .and_then(|mut stmt| stmt.execute(params![expires, now, job_id, token]))
+                .map_err(|e| backend("sqlite renew", e))
+            })
+            .await?;
         if done == 0 {
             return Err(QueueError::LeaseLost {
                 job_id: lease.job_id,
@@ -166,14 +201,15 @@ async fn finish(
         "UPDATE run_queue SET state = {next_state}, rerun = 0, lease_expires_at = NULL, updated_at = ?1 \
          WHERE job_id = ?2 AND lease_token = ?3 AND state = 'leased' AND lease_expires_at > ?1"
     );
-    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(now_ns())
-        .bind(lease.job_id)
-        .bind(token(lease))
-        .execute(&store.pool)
-        .await
-        .map_err(|e| backend("sqlite finish lease", e))?
-        .rows_affected();
+    let (now, job_id, token) = (now_ns(), lease.job_id, token(lease));
+    let done = store
+        .writer
+        .call(AppendDurability::Default, move |conn: &Connection| {
+            conn.prepare_cached(&sql)
+                .and_then(|mut stmt| stmt.execute(params![now, job_id, token]))
+                .map_err(|e| backend("sqlite finish lease", e))
+        })
+        .await?;
     if done == 0 {
         return Err(QueueError::LeaseLost {
             job_id: lease.job_id,

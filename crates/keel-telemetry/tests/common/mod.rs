@@ -61,6 +61,7 @@ impl RunBuilder {
                 goal: goal.into(),
                 constraints: vec![],
                 budget: Budget::default(),
+                definition: None,
             },
         );
         b
@@ -297,68 +298,80 @@ pub fn tool_using_run(n: u64) -> RunBuilder {
     b
 }
 
+/// Every request a receiver got: (path, body).
+pub type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A loopback OTLP/HTTP receiver that keeps every request's path and body.
-pub async fn otlp_receiver() -> (u16, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+pub async fn otlp_receiver() -> (u16, Received) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let bodies = Arc::new(Mutex::new(Vec::new()));
     let store = Arc::clone(&bodies);
     tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
+            let Ok((sock, _)) = listener.accept().await else {
                 return;
             };
-            let store = Arc::clone(&store);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    // Read one request: headers, then Content-Length bytes.
-                    let header_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 8192];
-                        let n = sock.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                    };
-                    let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
-                    let path = head
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap_or_default()
-                        .to_string();
-                    assert!(
-                        head.contains("content-type: application/x-protobuf"),
-                        "{head}"
-                    );
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .map(|v| v.trim().parse().unwrap())
-                        .unwrap_or(0);
-                    while buf.len() < header_end + len {
-                        let mut chunk = [0u8; 8192];
-                        let n = sock.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                    }
-                    store
-                        .lock()
-                        .unwrap()
-                        .push((path, buf[header_end..header_end + len].to_vec()));
-                    buf.drain(..header_end + len);
-                    let reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if sock.write_all(reply).await.is_err() {
-                        return;
-                    }
-                }
-            });
+            tokio::spawn(serve_otlp_http(sock, Arc::clone(&store)));
         }
     });
     (port, bodies)
+}
+
+/// Serves OTLP/HTTP requests on one connection (plain or TLS), keeping path and body.
+pub async fn serve_otlp_http<S>(mut sock: S, store: Received)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = Vec::new();
+    loop {
+        // Read one request: headers, then Content-Length bytes.
+        let header_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            let n = sock.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+        let path = head
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            head.contains("content-type: application/x-protobuf"),
+            "{head}"
+        );
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        while buf.len() < header_end + len {
+            let mut chunk = [0u8; 8192];
+            let n = sock.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        store
+            .lock()
+            .unwrap()
+            .push((path, buf[header_end..header_end + len].to_vec()));
+        buf.drain(..header_end + len);
+        let reply =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if sock.write_all(reply).await.is_err() {
+            return;
+        }
+        if sock.flush().await.is_err() {
+            return;
+        }
+    }
 }

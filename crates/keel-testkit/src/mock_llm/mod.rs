@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 pub use render::Protocol;
 pub use script::{
     MockError, MockFaults, MockScript, MockScriptError, MockStop, MockStreamError, MockToolCall,
-    MockTurn, WhenExhausted,
+    MockTurn, TurnBy, WhenExhausted, assistant_answers,
 };
 
 use render::Ctx;
@@ -337,7 +337,11 @@ async fn handle(
         .collect();
     let consumes_turn = method == Method::POST && protocol.is_some() && parsed.is_some();
     let turn_index = if consumes_turn {
-        let index = inner.next_turn.fetch_add(1, Ordering::SeqCst);
+        let sequence_index = inner.next_turn.fetch_add(1, Ordering::SeqCst);
+        let index = match (inner.script.turn_by, &parsed) {
+            (script::TurnBy::Conversation, Some(body)) => script::assistant_answers(body),
+            _ => sequence_index,
+        };
         let len = inner.script.turns.len();
         match inner.script.when_exhausted {
             _ if index < len => Some(index),

@@ -14,6 +14,21 @@ pub struct MockScript {
     pub turns: Vec<MockTurn>,
     /// What happens once every turn has been used.
     pub when_exhausted: WhenExhausted,
+    /// How a request picks its turn.
+    pub turn_by: TurnBy,
+}
+
+/// How a request picks the turn that answers it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnBy {
+    /// Each request takes the next turn of one server-wide sequence (default).
+    #[default]
+    Sequence,
+    /// A request gets turn N when its conversation already holds N assistant answers:
+    /// every conversation follows the script from the start on its own, whatever the
+    /// interleaving, and a request repeated after a crash gets the same turn again.
+    Conversation,
 }
 
 /// What the server does after the last turn.
@@ -258,6 +273,8 @@ enum ScriptFile {
         turns: Vec<MockTurn>,
         #[serde(default)]
         when_exhausted: WhenExhausted,
+        #[serde(default)]
+        turn_by: TurnBy,
     },
 }
 
@@ -267,13 +284,16 @@ impl<'de> Deserialize<'de> for MockScript {
             ScriptFile::Turns(turns) => Self {
                 turns,
                 when_exhausted: WhenExhausted::Error,
+                turn_by: TurnBy::Sequence,
             },
             ScriptFile::Object {
                 turns,
                 when_exhausted,
+                turn_by,
             } => Self {
                 turns,
                 when_exhausted,
+                turn_by,
             },
         })
     }
@@ -285,6 +305,7 @@ impl MockScript {
         Self {
             turns,
             when_exhausted: WhenExhausted::Error,
+            turn_by: TurnBy::Sequence,
         }
     }
 
@@ -305,6 +326,12 @@ impl MockScript {
             path: shown,
             source,
         })
+    }
+
+    /// Sets how a request picks its turn.
+    pub fn turn_by(mut self, mode: TurnBy) -> Self {
+        self.turn_by = mode;
+        self
     }
 
     /// Sets what happens after the last turn.
@@ -365,4 +392,37 @@ impl MockTurn {
         self.faults = faults;
         self
     }
+}
+
+/// How many assistant answers a request's conversation already holds, in any protocol:
+/// `messages[].role == "assistant"` (Anthropic, OpenAI Chat, OpenRouter, Ollama), or for
+/// Responses each run of consecutive output items (assistant messages, function calls,
+/// reasoning) in `input`.
+pub fn assistant_answers(body: &Value) -> usize {
+    if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+        return messages
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+            .count();
+    }
+    let Some(items) = body.get("input").and_then(Value::as_array) else {
+        return 0;
+    };
+    let is_output = |item: &Value| {
+        item.get("role").and_then(Value::as_str) == Some("assistant")
+            || matches!(
+                item.get("type").and_then(Value::as_str),
+                Some("function_call" | "reasoning")
+            )
+    };
+    let mut answers = 0;
+    let mut in_answer = false;
+    for item in items {
+        let output = is_output(item);
+        if output && !in_answer {
+            answers += 1;
+        }
+        in_answer = output;
+    }
+    answers
 }

@@ -1,14 +1,7 @@
-//! Reading HTTP responses for declarative tools: error messages from JSON error bodies,
-//! `Retry-After` hints, and URLs safe to show (no query string).
+//! Reading HTTP responses for declarative tools: error messages from JSON error bodies and
+//! `Retry-After` hints.
 
 use serde_json::Value;
-
-/// The URL without its query string (which may carry arguments or keys).
-pub(crate) fn redact_query(url: &url::Url) -> String {
-    let mut url = url.clone();
-    url.set_query(None);
-    url.to_string()
-}
 
 /// A human-readable error message from a JSON error body (`{"error": "..."}`,
 /// `{"error": {"message": ".."}}`, `{"message": ".."}`), with any `field`/`fix` hints.

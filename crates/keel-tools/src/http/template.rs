@@ -110,13 +110,52 @@ pub fn scalar_text(value: &Value) -> Option<String> {
 }
 
 /// Fills the `{name}` placeholders of `template` from `args`, percent-encoding each value
-/// as one path segment. The error names the argument that is missing or not a scalar.
+/// as one path segment (`/`, `?`, `#`, `%` and everything but RFC 3986 unreserved
+/// characters are encoded), so a value never adds segments, a query or a fragment. The
+/// error names the argument that is missing, not a scalar, or would make a path segment
+/// `.` or `..` (URL parsers resolve those even when percent-encoded as `%2e`, so no
+/// encoding can keep them: they are refused).
 pub fn fill_placeholders(
     template: &str,
     args: &serde_json::Map<String, Value>,
 ) -> Result<String, String> {
     let mut out = String::with_capacity(template.len());
-    let mut rest = template;
+    // While in the path (before a literal `?` or `#` of the template), each `/`-separated
+    // piece is filled on its own so the finished segment can be checked.
+    let mut in_path = true;
+    for (index, piece) in template.split('/').enumerate() {
+        if index > 0 {
+            out.push('/');
+        }
+        let (filled, used) = fill_piece(piece, args)?;
+        if in_path && !used.is_empty() {
+            let segment = filled.split(['?', '#']).next().unwrap_or_default();
+            if is_dot_segment(segment) {
+                let names: Vec<String> = used.iter().map(|n| format!("`{n}`")).collect();
+                return Err(format!(
+                    "argument {} makes the URL path segment `{segment}`, which would change \
+                     the path (`.` and `..` segments are resolved by URL rules); send the \
+                     actual value, not `.` or `..`",
+                    names.join(", ")
+                ));
+            }
+        }
+        if piece.contains(['?', '#']) {
+            in_path = false;
+        }
+        out.push_str(&filled);
+    }
+    Ok(out)
+}
+
+/// Fills the placeholders of one piece of a template; returns the text and the names used.
+fn fill_piece(
+    piece: &str,
+    args: &serde_json::Map<String, Value>,
+) -> Result<(String, Vec<String>), String> {
+    let mut out = String::with_capacity(piece.len());
+    let mut used = Vec::new();
+    let mut rest = piece;
     while let Some(start) = rest.find('{') {
         out.push_str(rest.get(..start).unwrap_or_default());
         let after = rest.get(start + 1..).unwrap_or_default();
@@ -138,10 +177,18 @@ pub fn fill_placeholders(
             ));
         };
         out.push_str(&utf8_percent_encode(&text, PATH_SEGMENT).to_string());
+        used.push(name.to_string());
         rest = after.get(end + 1..).unwrap_or_default();
     }
     out.push_str(rest);
-    Ok(out)
+    Ok((out, used))
+}
+
+/// Whether a path segment is `.` or `..`, also in the percent-encoded forms (`%2e`) that
+/// the WHATWG URL standard (and so the `url` crate) treats the same.
+fn is_dot_segment(segment: &str) -> bool {
+    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "." || decoded == ".."
 }
 
 #[cfg(test)]
@@ -189,6 +236,38 @@ mod tests {
                 .contains("`missing`")
         );
         assert_eq!(placeholders("http://h/{a}/{b}/{a}"), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn values_never_change_the_path_structure() {
+        let fill = |value: &str| {
+            let args = json!({ "id": value });
+            fill_placeholders("http://h/releases/{id}/summary", args.as_object().unwrap())
+        };
+        let resolved = |value: &str| url::Url::parse(&fill(value).unwrap()).unwrap();
+        assert_eq!(resolved("../admin").path(), "/releases/..%2Fadmin/summary");
+        assert_eq!(
+            resolved("a?b#c%d").path(),
+            "/releases/a%3Fb%23c%25d/summary"
+        );
+        assert_eq!(resolved("a?b#c%d").query(), None);
+        assert_eq!(resolved("...").path(), "/releases/.../summary");
+        for dots in [".", "..", "%2e", "%2E%2e", ".%2E"] {
+            // Percent-encoded dots are encoded again (`%252e`), so only real dots remain.
+            if dots.contains('%') {
+                assert!(fill(dots).is_ok(), "{dots}");
+                continue;
+            }
+            let error = fill(dots).unwrap_err();
+            assert!(error.contains("`id`") && error.contains("`.`"), "{error}");
+        }
+        // Two placeholders that together make `..` are refused, naming both.
+        let args = json!({"a": ".", "b": "."});
+        let error =
+            fill_placeholders("http://h/x/{a}{b}/y", args.as_object().unwrap()).unwrap_err();
+        assert!(error.contains("`a`, `b`"), "{error}");
+        // In the query, dots are harmless.
+        assert!(fill_placeholders("http://h/x?q={a}", args.as_object().unwrap()).is_ok());
     }
 
     proptest::proptest! {

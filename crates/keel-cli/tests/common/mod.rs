@@ -1,0 +1,92 @@
+//! Helpers shared by the CLI's integration tests: seeded randomness, killing a child at a
+//! chosen moment, and `keel mock-llm` as a child process.
+#![allow(dead_code, clippy::unwrap_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The workspace root (examples and agent files are found relative to it).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// xorshift64*: a tiny seeded generator so kill times are reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Spawns a command and SIGKILLs it after `after`; returns whether it was killed before it
+/// exited on its own.
+pub fn run_and_kill(mut command: Command, after: Duration) -> bool {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < after {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    true
+}
+
+/// `keel mock-llm` running as a child process; killed when dropped.
+pub struct MockLlm {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+}
+
+impl Drop for MockLlm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl MockLlm {
+    /// Starts `keel mock-llm --script SCRIPT --port 0` in `dir` and waits for its banner.
+    pub fn start(dir: &Path, script: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["mock-llm", "--script", script, "--port", "0"])
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let base_url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .filter(|url| url.starts_with("http://127.0.0.1:"))
+            .unwrap_or_else(|| panic!("unexpected mock-llm banner: {line:?}"))
+            .to_string();
+        Self { child, base_url }
+    }
+}

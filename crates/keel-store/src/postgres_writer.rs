@@ -1,0 +1,282 @@
+//! The Postgres group-commit writer: appends from every concurrent run of this process are
+//! gathered into groups, and each group is ONE call of the `keel_append_group` SQL
+//! function (migration `0002_append_group.sql`): one round trip, one transaction, one WAL
+//! flush at commit, instead of four round trips and a flush per append.
+//!
+//! Per-append semantics are those of a lone append: the function handles each append in
+//! its own subtransaction, in order, so a conflict (the guarded `UPDATE` of the summary
+//! row, backed by the `(thread_id, seq)` primary key) rolls back that append alone, and
+//! two appends to one thread in one group behave like sequential appends. Several groups
+//! (and several processes) may be in flight at once; row locks serialize appends to one
+//! thread across them exactly as before. Each group locks its threads in `thread_id`
+//! order (a stable sort keeps one thread's appends in arrival order), so two groups can
+//! never deadlock on each other; a deadlock with some other transaction (e.g. a purge) is
+//! retried as a whole.
+//!
+//! Sessions run with `synchronous_commit = on` (set on connect), so a reply always means
+//! the commit is on the server's stable storage: [`keel_core::AppendDurability::Sync`]
+//! needs nothing more.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_core::store::StoreError;
+use sqlx::postgres::PgPool;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use crate::rows::{Batch, backend, conflict, status_columns};
+
+/// Most appends in one group.
+const MAX_GROUP: usize = 512;
+
+/// Appends that may wait before senders wait for room.
+const QUEUE_CAPACITY: usize = 4096;
+
+/// Attempts of a group that hit a deadlock or serialization failure.
+const GROUP_ATTEMPTS: u32 = 3;
+
+/// One append waiting for its group.
+pub(crate) struct PendingAppend {
+    pub thread_id: String,
+    pub expected: i64,
+    pub batch: Batch,
+    pub reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// Handle to the writer task, shared by every clone of a store.
+pub(crate) struct PgGroupWriter {
+    sender: Mutex<Option<mpsc::Sender<PendingAppend>>>,
+    stopped: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl std::fmt::Debug for PgGroupWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgGroupWriter").finish_non_exhaustive()
+    }
+}
+
+impl PgGroupWriter {
+    /// Starts the writer task on the current Tokio runtime. At most `in_flight` groups
+    /// run at once; `call_timeout` bounds one group's round trip.
+    pub(crate) fn start(pool: PgPool, in_flight: usize, call_timeout: Duration) -> Self {
+        let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let (stopped_tx, stopped_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            run_loop(pool, receiver, in_flight.max(1), call_timeout).await;
+            let _ = stopped_tx.send(());
+        });
+        Self {
+            sender: Mutex::new(Some(sender)),
+            stopped: Mutex::new(Some(stopped_rx)),
+        }
+    }
+
+    /// Queues an append and waits for its group to commit.
+    pub(crate) async fn append(
+        &self,
+        thread_id: String,
+        expected: i64,
+        batch: Batch,
+    ) -> Result<(), StoreError> {
+        let sender = lock(&self.sender).clone().ok_or_else(|| {
+            StoreError::Backend("the Postgres store is closed: connect again to write".into())
+        })?;
+        let (reply, answer) = oneshot::channel();
+        sender
+            .send(PendingAppend {
+                thread_id,
+                expected,
+                batch,
+                reply,
+            })
+            .await
+            .map_err(|_| {
+                StoreError::Backend(
+                    "the Postgres append writer has stopped (was its Tokio runtime shut down?): connect again".into(),
+                )
+            })?;
+        drop(sender);
+        answer.await.map_err(|_| {
+            StoreError::Backend("the Postgres append writer stopped before answering".into())
+        })?
+    }
+
+    /// Stops accepting appends and waits until the queued ones are answered.
+    pub(crate) async fn close(&self) {
+        drop(lock(&self.sender).take());
+        let stopped = lock(&self.stopped).take();
+        if let Some(stopped) = stopped {
+            let _ = stopped.await;
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+async fn run_loop(
+    pool: PgPool,
+    mut receiver: mpsc::Receiver<PendingAppend>,
+    in_flight: usize,
+    call_timeout: Duration,
+) {
+    let permits = Arc::new(Semaphore::new(in_flight));
+    let mut running = JoinSet::new();
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let Some(first) = receiver.recv().await else {
+            break;
+        };
+        let mut group = Vec::with_capacity(MAX_GROUP.min(64));
+        group.push(first);
+        while group.len() < MAX_GROUP {
+            match receiver.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        running.spawn(async move {
+            commit_group(&pool, group, call_timeout).await;
+            drop(permit);
+        });
+        while running.try_join_next().is_some() {}
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// The per-append answers of one `keel_append_group` call.
+type GroupRows = Vec<(Option<i64>, Option<String>)>;
+
+async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout: Duration) {
+    // Lock threads in a fixed order (stable: one thread's appends keep their order).
+    group.sort_by(|a, b| a.thread_id.cmp(&b.thread_id));
+    let mut attempt = 0;
+    let outcome = loop {
+        attempt += 1;
+        let call = tokio::time::timeout(call_timeout, call_group(pool, &group)).await;
+        match call {
+            Err(_) => {
+                break Err(StoreError::Backend(format!(
+                    "postgres append group timed out after {call_timeout:?}; whether it committed is unknown (reload the thread)"
+                )));
+            }
+            Ok(Err(e)) if attempt < GROUP_ATTEMPTS && is_retryable(&e) => continue,
+            Ok(Err(e)) => break Err(backend("postgres append group", e)),
+            Ok(Ok(rows)) if rows.len() == group.len() => break Ok(rows),
+            Ok(Ok(rows)) => {
+                break Err(StoreError::Backend(format!(
+                    "postgres append group answered {} rows for {} appends",
+                    rows.len(),
+                    group.len()
+                )));
+            }
+        }
+    };
+    match outcome {
+        Ok(rows) => {
+            for (append, (actual, failure)) in group.into_iter().zip(rows) {
+                let answer = match (actual, failure) {
+                    (_, Some(message)) => Err(StoreError::Backend(format!(
+                        "postgres append to thread {}: {message}",
+                        append.thread_id
+                    ))),
+                    (Some(actual), None) => Err(conflict(
+                        &append.thread_id,
+                        u64::try_from(append.expected).unwrap_or(0),
+                        actual,
+                    )),
+                    (None, None) => Ok(()),
+                };
+                let _ = append.reply.send(answer);
+            }
+        }
+        Err(error) => {
+            for append in group {
+                let _ = append.reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+/// Deadlocks and serialization failures abort the whole call and may simply be retried.
+fn is_retryable(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
+}
+
+async fn call_group(pool: &PgPool, group: &[PendingAppend]) -> Result<GroupRows, sqlx::Error> {
+    let n = group.len();
+    let total: usize = group.iter().map(|a| a.batch.rows.len()).sum();
+    let mut threads = Vec::with_capacity(n);
+    let mut expected = Vec::with_capacity(n);
+    let mut statuses: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut end_states: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut agents: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut first_ts = Vec::with_capacity(n);
+    let mut last_ts = Vec::with_capacity(n);
+    let mut init_status = Vec::with_capacity(n);
+    let mut init_end: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut ev_from: Vec<i32> = Vec::with_capacity(n);
+    let mut ev_to: Vec<i32> = Vec::with_capacity(n);
+    let mut seqs = Vec::with_capacity(total);
+    let mut kinds = Vec::with_capacity(total);
+    let mut runs = Vec::with_capacity(total);
+    let mut ts = Vec::with_capacity(total);
+    let mut bodies = Vec::with_capacity(total);
+    for append in group {
+        let batch = &append.batch;
+        threads.push(append.thread_id.as_str());
+        expected.push(append.expected);
+        let (status, end_state) = match batch.status.map(status_columns) {
+            Some((s, e)) => (Some(s), e),
+            None => (None, None),
+        };
+        statuses.push(status);
+        end_states.push(end_state);
+        agents.push(batch.agent.as_deref());
+        first_ts.push(batch.first_ts);
+        last_ts.push(batch.last_ts);
+        let (s, e) = status_columns(batch.initial_status());
+        init_status.push(s);
+        init_end.push(e);
+        ev_from.push(i32::try_from(seqs.len() + 1).unwrap_or(i32::MAX));
+        for row in &batch.rows {
+            seqs.push(row.seq);
+            kinds.push(row.kind);
+            runs.push(row.run_id.as_str());
+            ts.push(row.ts);
+            bodies.push(row.body.as_str());
+        }
+        ev_to.push(i32::try_from(seqs.len()).unwrap_or(i32::MAX));
+    }
+    sqlx::query_as(
+        "SELECT actual, failure FROM keel_append_group($1::text[], $2::bigint[], $3::text[], \
+         $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::int[], \
+         $11::int[], $12::bigint[], $13::text[], $14::text[], $15::bigint[], $16::text[])",
+    )
+    .bind(threads)
+    .bind(expected)
+    .bind(statuses)
+    .bind(end_states)
+    .bind(agents)
+    .bind(first_ts)
+    .bind(last_ts)
+    .bind(init_status)
+    .bind(init_end)
+    .bind(ev_from)
+    .bind(ev_to)
+    .bind(seqs)
+    .bind(kinds)
+    .bind(runs)
+    .bind(ts)
+    .bind(bodies)
+    .fetch_all(pool)
+    .await
+}
