@@ -44,6 +44,11 @@ pub struct AgentFile {
     /// Rules the final answer must meet.
     #[serde(default)]
     pub critic: CriticConfig,
+    /// Environment variables the file may read in `${VAR}` references (tool URLs and
+    /// headers). Any other reference is an error: a file must not be able to send, say,
+    /// `${AWS_SECRET_ACCESS_KEY}` to a host of its choosing without saying so.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
 
 /// `[budget]`: limits of each run. Missing keys take the defaults (16 turns, 10 minutes).
@@ -178,11 +183,46 @@ impl AgentFile {
             .collect()
     }
 
-    /// The tool registry the file declares, with `${ENV}` resolved by `env`.
+    /// `${VAR}` references of the file's tools to variables its `env` list does not
+    /// declare, as `(tool, variable, field)`.
+    pub fn undeclared_env_vars(&self) -> Vec<(String, String, String)> {
+        self.tools
+            .iter()
+            .flat_map(|tool| {
+                tool.env_references()
+                    .into_iter()
+                    .filter(|(variable, _)| !self.env.contains(variable))
+                    .map(|(variable, field)| (tool.name.clone(), variable, field))
+            })
+            .collect()
+    }
+
+    /// The tool registry the file declares, with `${ENV}` resolved by `env` — only for the
+    /// variables the file declares in its `env` list.
     pub fn tool_registry_with_env(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ToolRegistry, AgentFileError> {
+        if let Some((tool, variable, field)) = self.undeclared_env_vars().into_iter().next() {
+            return Err(AgentFileError::Invalid(format!(
+                "tools `{tool}` {field}: `${{{variable}}}` is not declared; an agent file may \
+                 only read the environment variables it lists: add `env = [\"{variable}\"]` at \
+                 the top of the file (declared: {})",
+                if self.env.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.env.join(", ")
+                }
+            )));
+        }
+        let declared = |name: &str| {
+            if self.env.iter().any(|allowed| allowed == name) {
+                env(name)
+            } else {
+                None
+            }
+        };
+        let env: &dyn Fn(&str) -> Option<String> = &declared;
         let builtins = keel_tools::builtin_registry()?;
         let mut registry = builtins
             .subset(self.builtin_tools.iter().map(String::as_str))

@@ -282,6 +282,9 @@ impl AgentSpec {
             }
             None => {
                 let tools = select_tools(&self.tools)?;
+                // Record the tools actually chosen (keel.toml's declared tools when no
+                // `--tool` was given), so a resumed run gets the same set.
+                resolved.tools = tools.names().map(str::to_string).collect();
                 let mut budget = Budget::default();
                 if let Some(turns) = self.max_turns {
                     budget.max_turns = Some(turns);

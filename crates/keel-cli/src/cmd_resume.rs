@@ -83,7 +83,15 @@ pub struct ReplyArgs {
 /// given explicitly override it, with a notice).
 pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
     let store = args.store.events().await?;
-    let thread = load_existing(store.as_ref(), &args.thread).await?;
+    let id = &args.thread;
+    let thread = Thread::load(store.as_ref(), id)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?;
+    if thread.is_empty() {
+        return Err(CliError::failure(format!(
+            "thread {id} has no events: nothing to resume (start it with `keel run --thread {id} MESSAGE`)"
+        )));
+    }
     let (outcome, scripted) = continue_thread(&args.agent, store, thread, args.output).await?;
     report(
         &outcome,

@@ -11,6 +11,7 @@
 
 pub mod budget;
 pub mod cancel;
+pub mod cap;
 pub mod context;
 pub mod critic;
 pub mod decide;

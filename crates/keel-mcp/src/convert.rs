@@ -250,89 +250,9 @@ fn usage_guidance(
     out
 }
 
-/// Most characters of an error message taken from a server (the `isError` text, a
-/// JSON-RPC error message) kept in a [`ToolError`]; it goes into the event log and the
-/// next prompt.
-pub const MAX_ERROR_MESSAGE_CHARS: usize = 8 * 1024;
-/// Most characters of an error's `details` (serialized JSON: JSON-RPC `error.data`, the
-/// `isError` content, a server log payload) kept.
-pub const MAX_ERROR_DETAILS_CHARS: usize = 8 * 1024;
-/// Fields of an oversized details object at most this long (serialized) are kept as they
-/// are; only the larger ones are cut.
-const SMALL_FIELD_CHARS: usize = 256;
-
-/// `text` cut to `max_chars` characters with Keel's truncation notice
-/// (`[OUTPUT TRUNCATED: Showing X of Y characters from SOURCE]`, the notice of
-/// [`keel_core::context::truncate_tool_output`]), or unchanged when it fits.
-pub fn cap_text(text: String, max_chars: usize, source: &str) -> String {
-    if text.len() <= max_chars {
-        return text;
-    }
-    match keel_core::context::truncate_tool_output(&text, max_chars, source) {
-        Some((cut, _, _)) => cut,
-        None => text,
-    }
-}
-
-/// A JSON value whose serialization is at most about `max_chars` characters: unchanged
-/// when it fits; an object keeps its small fields and has each large one replaced by its
-/// serialization cut to a share of the budget (with the truncation notice); anything else
-/// becomes its serialization, cut.
-pub fn cap_value(value: Value, max_chars: usize, source: &str) -> Value {
-    let serialized = match &value {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    };
-    if serialized.len() <= max_chars {
-        return value;
-    }
-    let Value::Object(map) = value else {
-        return Value::String(cap_text(serialized, max_chars, source));
-    };
-    let sizes: Vec<(String, Value, usize)> = map
-        .into_iter()
-        .map(|(key, field)| {
-            let size = key.len() + field.to_string().len();
-            (key, field, size)
-        })
-        .collect();
-    let small_total: usize = sizes
-        .iter()
-        .filter(|(_, _, size)| *size <= SMALL_FIELD_CHARS)
-        .map(|(_, _, size)| size)
-        .sum();
-    let large = sizes
-        .iter()
-        .filter(|(_, _, size)| *size > SMALL_FIELD_CHARS)
-        .count()
-        .max(1);
-    let share = (max_chars.saturating_sub(small_total) / large).max(SMALL_FIELD_CHARS);
-    let mut out = Map::new();
-    for (key, field, size) in sizes {
-        if size <= SMALL_FIELD_CHARS {
-            out.insert(key, field);
-        } else {
-            let text = match field {
-                Value::String(text) => text,
-                other => other.to_string(),
-            };
-            let label = format!("{source} ({key})");
-            out.insert(key, Value::String(cap_text(text, share, &label)));
-        }
-    }
-    Value::Object(out)
-}
-
-/// `error` with its message and details capped ([`MAX_ERROR_MESSAGE_CHARS`],
-/// [`MAX_ERROR_DETAILS_CHARS`]), so nothing a server sends grows the log or the prompt
-/// without bound.
-pub fn cap_tool_error(mut error: ToolError, source: &str) -> ToolError {
-    error.message = cap_text(error.message, MAX_ERROR_MESSAGE_CHARS, source);
-    error.details = error
-        .details
-        .map(|details| cap_value(details, MAX_ERROR_DETAILS_CHARS, source));
-    error
-}
+pub use keel_core::cap::{
+    MAX_ERROR_DETAILS_CHARS, MAX_ERROR_MESSAGE_CHARS, cap_text, cap_tool_error, cap_value,
+};
 
 /// Maps one MCP content block to Keel's JSON output form.
 fn map_content_block(block: &Value) -> Value {

@@ -138,6 +138,26 @@ impl ToolExecutor {
         let (result, attempts) = self
             .execute_inner(call, env, &mut retries, &mut repairs)
             .await;
+        // Whatever a tool puts into an error goes into the log and the next prompt: bounded.
+        let result = match result {
+            ToolResultKind::Error {
+                code,
+                message,
+                details,
+            } => {
+                let capped = keel_core::cap::cap_tool_error(
+                    ToolError {
+                        code,
+                        message,
+                        details,
+                        retry_after_ms: None,
+                    },
+                    &call.name,
+                );
+                error_kind(capped)
+            }
+            ok => ok,
+        };
         let outcome = ToolOutcome {
             tool: call.name.clone(),
             call_id: call.id.clone(),

@@ -528,3 +528,47 @@ async fn a_mutating_call_is_not_retried_unless_the_tool_honours_the_idempotency_
     assert_eq!(deduplicating.calls.load(Ordering::SeqCst), 2);
     assert_eq!(ok_data(&execution), &json!({"written": true}));
 }
+
+#[tokio::test]
+async fn raw_arguments_and_error_details_of_any_tool_are_capped() {
+    let tool = FnTool::new(spec("noisy"), |_, _| {
+        Box::pin(async move {
+            Err(
+                ToolError::new(ToolErrorCode::RetryableServer, "e".repeat(50_000))
+                    .with_details(json!({"body": "b".repeat(50_000)})),
+            )
+        })
+    });
+    let noisy = run(&executor(vec![tool]), "noisy", json!({"query": "x"})).await;
+    match &noisy.outcome.result {
+        ToolResultKind::Error {
+            message, details, ..
+        } => {
+            assert!(message.len() < 9_000, "{}", message.len());
+            assert!(details.as_ref().unwrap().to_string().len() < 9_000);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Malformed arguments are quoted back, bounded too.
+    let tool = FnTool::new(spec("quiet"), |_, _| Box::pin(async { Ok(json!({})) }));
+    let executor = executor(vec![tool]);
+    let call = ToolCall {
+        id: "c1".into(),
+        name: "quiet".into(),
+        arguments: format!("{{\"query\": \"{}", "a".repeat(100_000)),
+    };
+    let cancel = CancellationToken::new();
+    let execution = executor
+        .execute(
+            &call,
+            CallEnv {
+                thread_id: "t",
+                run_id: "r",
+                cancel: &cancel,
+            },
+        )
+        .await;
+    let text = serde_json::to_string(&execution.outcome.result).unwrap();
+    assert!(text.len() < 20_000, "{}", text.len());
+    assert!(text.contains("OUTPUT TRUNCATED"));
+}

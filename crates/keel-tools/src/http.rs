@@ -214,6 +214,31 @@ impl HttpToolConfig {
         self.missing_env_vars_with(&|name| std::env::var(name).ok())
     }
 
+    /// Every `${VAR}` the declaration references (with or without a default), as
+    /// `(variable, field)`.
+    pub fn env_references(&self) -> Vec<(String, String)> {
+        self.missing_env_vars_with(&|_| None)
+            .into_iter()
+            .chain(self.defaulted_env_refs())
+            .collect()
+    }
+
+    fn defaulted_env_refs(&self) -> Vec<(String, String)> {
+        std::iter::once(("url".to_string(), &self.url))
+            .chain(
+                self.headers
+                    .iter()
+                    .map(|(k, v)| (format!("headers.{k}"), v)),
+            )
+            .flat_map(|(field, text)| {
+                template::env_refs(text)
+                    .into_iter()
+                    .filter(|reference| reference.default.is_some())
+                    .map(move |reference| (reference.name, field.clone()))
+            })
+            .collect()
+    }
+
     /// [`missing_env_vars`](Self::missing_env_vars) with an explicit environment lookup.
     pub fn missing_env_vars_with(
         &self,

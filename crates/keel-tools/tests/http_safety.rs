@@ -301,7 +301,11 @@ async fn undeclared_arguments_are_refused_naming_them() {
         )
         .await
         .unwrap();
-    assert_eq!(out["query"], "page=2&verbose=true");
+    // The order of query fields follows the arguments object's key order, which depends on
+    // serde_json features: compare them as a set.
+    let mut fields: Vec<&str> = out["query"].as_str().unwrap().split('&').collect();
+    fields.sort_unstable();
+    assert_eq!(fields, ["page=2", "verbose=true"]);
 }
 
 #[tokio::test]
