@@ -84,6 +84,7 @@ impl Agent {
             max_invalid_actions: 2,
             context: crate::compaction::ContextSettings::default(),
             recipe: serde_json::Value::Null,
+            max_parallel_tool_calls: crate::executor::DEFAULT_MAX_PARALLEL_CALLS,
         }
     }
 
@@ -177,9 +178,18 @@ pub struct AgentBuilder {
     max_invalid_actions: u32,
     context: crate::compaction::ContextSettings,
     recipe: serde_json::Value,
+    max_parallel_tool_calls: usize,
 }
 
 impl AgentBuilder {
+    /// At most this many tool calls of one turn run at once (default
+    /// [`crate::executor::DEFAULT_MAX_PARALLEL_CALLS`]); the others wait for a free slot and
+    /// results are still committed in call order.
+    pub fn max_parallel_tool_calls(mut self, calls: usize) -> Self {
+        self.max_parallel_tool_calls = calls.max(1);
+        self
+    }
+
     /// How the application layer rebuilds this agent (model spec, provider options, tool
     /// selection, agent file…), recorded in every run's `RunStarted` event so that
     /// `resume`, approvals and workers can rebuild the agent from the log alone. Never put
@@ -390,7 +400,8 @@ impl AgentBuilder {
         };
         Agent {
             name: self.name,
-            executor: ToolExecutor::new(&self.tools),
+            executor: ToolExecutor::new(&self.tools)
+                .with_max_parallel_calls(self.max_parallel_tool_calls),
             tool_definitions,
             tools: self.tools,
             model: self.model,

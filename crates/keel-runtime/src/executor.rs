@@ -73,7 +73,11 @@ pub struct ToolExecutor {
     names: Vec<String>,
     mutation_lock: Arc<RwLock<()>>,
     credentials: Arc<dyn CredentialSource>,
+    max_parallel_calls: usize,
 }
+
+/// Calls of one model turn that run at once by default; the rest wait for a free slot.
+pub const DEFAULT_MAX_PARALLEL_CALLS: usize = 8;
 
 impl std::fmt::Debug for ToolExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,7 +115,16 @@ impl ToolExecutor {
             tools,
             mutation_lock: Arc::new(RwLock::new(())),
             credentials: Arc::new(NoCredentials),
+            max_parallel_calls: DEFAULT_MAX_PARALLEL_CALLS,
         }
+    }
+
+    /// At most this many calls of one turn run at once (default
+    /// [`DEFAULT_MAX_PARALLEL_CALLS`]; at least 1): a model asking for 500 calls in one turn
+    /// does not open 500 connections.
+    pub fn with_max_parallel_calls(mut self, calls: usize) -> Self {
+        self.max_parallel_calls = calls.max(1);
+        self
     }
 
     /// Uses this credential source for every call.
@@ -361,25 +374,22 @@ impl ToolExecutor {
         }
     }
 
-    /// Executes the calls of one model turn concurrently and yields their executions in
-    /// call order (`FuturesOrdered`), so results can be committed in order as they come.
+    /// Executes the calls of one model turn concurrently — at most
+    /// [`ToolExecutor::with_max_parallel_calls`] at once — and yields their executions in
+    /// call order, so results can be committed in order as they come.
     pub fn execute_ordered<'s>(
         &'s self,
         calls: Vec<ToolCall>,
         env: CallEnv<'s>,
-    ) -> futures::stream::FuturesOrdered<futures::future::BoxFuture<'s, (ToolCall, Execution)>>
-    {
-        calls
-            .into_iter()
-            .map(
-                |call| -> futures::future::BoxFuture<'s, (ToolCall, Execution)> {
-                    Box::pin(async move {
-                        let execution = self.execute(&call, env).await;
-                        (call, execution)
-                    })
-                },
-            )
-            .collect()
+    ) -> futures::stream::BoxStream<'s, (ToolCall, Execution)> {
+        use futures::StreamExt;
+        futures::stream::iter(calls)
+            .map(move |call| async move {
+                let execution = self.execute(&call, env).await;
+                (call, execution)
+            })
+            .buffered(self.max_parallel_calls)
+            .boxed()
     }
 }
 

@@ -572,3 +572,48 @@ async fn raw_arguments_and_error_details_of_any_tool_are_capped() {
     assert!(text.len() < 20_000, "{}", text.len());
     assert!(text.contains("OUTPUT TRUNCATED"));
 }
+
+#[tokio::test]
+async fn at_most_the_configured_number_of_calls_of_a_turn_run_at_once() {
+    let active = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let tool = {
+        let (active, peak) = (active.clone(), peak.clone());
+        FnTool::new(spec("busy"), move |_, _| {
+            let (active, peak) = (active.clone(), peak.clone());
+            Box::pin(async move {
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                active.fetch_sub(1, Ordering::SeqCst);
+                Ok(json!({"done": true}))
+            })
+        })
+    };
+    let exec = executor(vec![tool]).with_max_parallel_calls(3);
+    let cancel = CancellationToken::new();
+    let calls: Vec<ToolCall> = (0..20)
+        .map(|i| ToolCall {
+            id: format!("c{i:02}"),
+            name: "busy".into(),
+            arguments: "{\"query\":\"q\"}".into(),
+        })
+        .collect();
+    let results: Vec<_> = exec
+        .execute_ordered(
+            calls,
+            CallEnv {
+                thread_id: "t",
+                run_id: "r",
+                cancel: &cancel,
+            },
+        )
+        .collect()
+        .await;
+    assert_eq!(results.len(), 20);
+    assert_eq!(peak.load(Ordering::SeqCst), 3, "three at once, never more");
+    let order: Vec<String> = results.iter().map(|(call, _)| call.id.clone()).collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "results in call order");
+}
