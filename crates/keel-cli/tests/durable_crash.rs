@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Rng, run_and_kill};
+use common::{Rng, check_appends, run_and_kill};
 use serde_json::Value;
 
 /// Kills that must land after a run's first event (the issue asks for at least 50).
@@ -311,17 +311,4 @@ fn check_thread(root: &Path, store: &str, thread: &str) {
             );
         }
     }
-}
-
-fn check_appends(root: &Path) {
-    let log = std::fs::read_to_string(root.join("appends.log")).unwrap_or_default();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for line in log.lines() {
-        *seen.entry(line.split('\t').next().unwrap()).or_insert(0) += 1;
-    }
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "mutating calls executed more than once: {twice:?}"
-    );
 }

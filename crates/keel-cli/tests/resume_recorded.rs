@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MockLlm, Rng, run_and_kill};
+use common::{MockLlm, Rng, check_appends, run_and_kill};
 use serde_json::Value;
 
 /// Runs that must be killed after their first event and then resumed.
@@ -230,19 +230,6 @@ fn check_thread(root: &Path, thread: &str) {
     assert!(answered.values().all(|n| *n == 1), "{thread}: {answered:?}");
     let ended = events.iter().filter(|e| e["type"] == "run_ended").count();
     assert_eq!(ended, 1, "{thread}");
-}
-
-fn check_appends(root: &Path) {
-    let log = std::fs::read_to_string(root.join("appends.log")).unwrap_or_default();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for line in log.lines() {
-        *seen.entry(line.split('\t').next().unwrap()).or_insert(0) += 1;
-    }
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "mutating calls executed more than once: {twice:?}"
-    );
 }
 
 /// A paused run (approval required) on the default store, with the mock as provider.

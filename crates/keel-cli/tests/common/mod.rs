@@ -90,3 +90,18 @@ impl MockLlm {
         Self { child, base_url }
     }
 }
+
+/// Asserts that no mutating `test_append` call (`KEEL_TEST_TOOLS=1`) ran more than once:
+/// each line of the tool's log starts with the call's idempotency key.
+pub fn check_appends(root: &Path) {
+    let log = std::fs::read_to_string(root.join("appends.log")).unwrap_or_default();
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for line in log.lines() {
+        *seen.entry(line.split('\t').next().unwrap()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "mutating calls executed more than once: {twice:?}"
+    );
+}
