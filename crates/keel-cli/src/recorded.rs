@@ -59,7 +59,11 @@ pub fn apply_flags(
         if from != to {
             notices.push(format!(
                 "{flag} {to} overrides the run's recorded {}",
-                if from.is_empty() { "none".into() } else { from }
+                if from.is_empty() {
+                    "default".into()
+                } else {
+                    from
+                }
             ));
         }
     };
