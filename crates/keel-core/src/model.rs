@@ -412,6 +412,16 @@ pub trait Model: Send + Sync {
     fn estimate_tokens(&self, request: &ModelRequest<'_>) -> u64 {
         estimate_request_tokens(request)
     }
+
+    /// [`Model::estimate_tokens`] for a caller whose decisions only depend on the exact
+    /// figure once a request could reach `precise_from` tokens (the runtime passes a
+    /// tenth of the request limit). Below that an adapter may answer with the cheap
+    /// heuristic instead of running — and first loading — its tokenizer; provider-reported
+    /// usage corrects either. The default is [`Model::estimate_tokens`].
+    fn estimate_tokens_near(&self, request: &ModelRequest<'_>, precise_from: u64) -> u64 {
+        let _ = precise_from;
+        self.estimate_tokens(request)
+    }
 }
 
 /// Collects a model's stream into one response.

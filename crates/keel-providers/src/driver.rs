@@ -233,6 +233,15 @@ impl Model for HttpModel {
         }
     }
 
+    fn estimate_tokens_near(&self, request: &ModelRequest<'_>, precise_from: u64) -> u64 {
+        let heuristic = keel_core::model::estimate_request_tokens(request);
+        if crate::tokens::exact_count_at_most(heuristic) < precise_from {
+            // Far from any decision: the tokenizer (tens of MB once loaded) is not needed.
+            return heuristic;
+        }
+        self.estimate_tokens(request)
+    }
+
     fn stream<'a>(
         &'a self,
         request: ModelRequest<'a>,

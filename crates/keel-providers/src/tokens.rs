@@ -34,6 +34,18 @@ pub fn openai_tokenizer(model: &str) -> Option<&'static CoreBPE> {
     None
 }
 
+/// The most tokens [`count_request_tokens`] can find in a request whose
+/// [`keel_core::model::estimate_request_tokens`] heuristic is `heuristic`: a BPE token is
+/// at least one byte and the heuristic gives every text at least a quarter of its bytes
+/// plus one (and each message, call and result more overhead than the chat format has),
+/// so four times the heuristic, plus the reply priming and the system message's marker,
+/// bounds the exact count.
+pub fn exact_count_at_most(heuristic: u64) -> u64 {
+    heuristic
+        .saturating_mul(4)
+        .saturating_add(REPLY_PRIMING + PER_MESSAGE)
+}
+
 fn count(bpe: &CoreBPE, text: &str) -> u64 {
     bpe.encode_with_special_tokens(text).len() as u64
 }
@@ -89,5 +101,31 @@ mod tests {
         let request = ModelRequest::new(&messages);
         // 3 priming + 3 per message + 2 tokens of text.
         assert_eq!(count_request_tokens(bpe, &request), 8);
+    }
+
+    /// The bound holds for texts that tokenize worst (one token per byte) and for
+    /// messages of every part kind.
+    #[test]
+    fn the_exact_count_never_exceeds_its_bound() {
+        let bpe = openai_tokenizer("gpt-4o").unwrap();
+        let worst = "\u{1}\u{2}\u{3}~`|^ \u{7f}".repeat(50);
+        let call = keel_core::ToolCall {
+            id: "c1".into(),
+            name: "x".into(),
+            arguments: "{\"a\":\"\u{1}\"}".into(),
+        };
+        let messages = [
+            Message::user(worst.clone()),
+            Message::user(""),
+            Message {
+                role: keel_core::Role::Assistant,
+                parts: vec![Part::ToolCall(call)],
+            },
+            Message::user("héllo wörld 漢字 🙂".repeat(20)),
+        ];
+        let mut request = ModelRequest::new(&messages);
+        request.system = Some(&worst);
+        let heuristic = keel_core::model::estimate_request_tokens(&request);
+        assert!(count_request_tokens(bpe, &request) <= exact_count_at_most(heuristic));
     }
 }

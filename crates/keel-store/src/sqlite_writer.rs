@@ -1,39 +1,78 @@
-//! The SQLite group-commit writer: one dedicated OS thread owning one `rusqlite`
-//! connection performs every write of a [`crate::SqliteStore`] (appends, fork, delete,
-//! purge, run-queue updates).
+//! The SQLite group-commit writer: one `rusqlite` connection performs every write of a
+//! [`crate::SqliteStore`] (appends, fork, delete, purge, run-queue updates), one group of
+//! jobs at a time.
 //!
-//! Callers send closures over a bounded channel and await a oneshot reply. The thread
-//! takes the first waiting job, drains whatever else is queued (up to [`MAX_GROUP`]) and
-//! runs them all in ONE `BEGIN IMMEDIATE` transaction, each under its own `SAVEPOINT`: a
-//! job that fails (a conflict, a bad row) is rolled back to its savepoint alone, so it
-//! never fails nor partially writes the other jobs of its group. Jobs run in arrival
-//! order, so two appends to one thread in one group behave exactly like sequential
-//! appends. Every caller is answered only after the group's `COMMIT` returned (one WAL
-//! write, and one fsync when the commit is synchronous), so a reply means "durable at the
-//! level asked for". No artificial delay is added: under load, jobs pile up while the
-//! previous group commits and the next group takes them all; alone, a job commits at once.
+//! Callers hand over closures and await a reply. Whoever finds the writer idle commits:
+//!
+//! - **inline**: a caller that finds the writer idle and the queue empty runs its own job
+//!   at once on its own thread (a commit in WAL mode without fsync is tens of
+//!   microseconds). A sequential agent — the common case — then pays no thread handoff
+//!   at all: measured, the two wake-ups of a handoff cost as much CPU as the commit.
+//! - **background**: while a group commits, newcomers queue up; the committer then hands
+//!   the queue to a dedicated thread, which takes up to [`MAX_GROUP`] jobs and runs them
+//!   all in ONE `BEGIN IMMEDIATE` transaction, and loops until the queue is empty. Work
+//!   that may block — a synchronous commit (fsync), waiting for another process's write
+//!   lock, checkpoints — only ever runs there, never on an async runtime's thread: the
+//!   inline path gives up at once when the database is locked (the busy handler below)
+//!   and re-queues its job for the background thread.
+//!
+//! In a group each job runs under its own `SAVEPOINT`: a job that fails (a conflict, a bad
+//! row) is rolled back to its savepoint alone, so it never fails nor partially writes the
+//! other jobs of its group. Jobs run in arrival order, so two appends to one thread in one
+//! group behave exactly like sequential appends. Every caller is answered only after its
+//! group's `COMMIT` returned (one WAL write, and one fsync when the commit is
+//! synchronous), so a reply means "durable at the level asked for". No artificial delay is
+//! added.
 //!
 //! A job may ask for a synchronous commit ([`AppendDurability::Sync`]): its group then
 //! commits with `synchronous=FULL` (the pragma cannot change inside a transaction, so it
 //! is set before `BEGIN` and restored after `COMMIT`), which fsyncs the WAL and with it
 //! every earlier commit.
 //!
+//! The WAL is checkpointed by the background thread (PASSIVE, every
+//! [`CHECKPOINT_EVERY`] commits) instead of SQLite's automatic checkpoint, which would run
+//! — with its fsyncs — inside whichever commit crossed the threshold, inline ones too.
+//!
 //! Hand-written rather than a crate: no maintained crate does group commit for SQLite;
-//! the loop is short and its rules (savepoint per job, reply after commit) are the point.
+//! the rules (savepoint per job, reply after commit, one committer at a time) are the
+//! point.
 
+use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use keel_core::store::{AppendDurability, StoreError};
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// Most jobs in one transaction (bounds the latency of the first job of a big group).
 pub(crate) const MAX_GROUP: usize = 512;
 
-/// Jobs that may wait in the channel before senders wait for room.
-const QUEUE_CAPACITY: usize = 4096;
+/// Commits between two PASSIVE checkpoints of the WAL (a few pages each: the WAL stays
+/// within some tens of MB).
+pub(crate) const CHECKPOINT_EVERY: u64 = 1024;
+
+thread_local! {
+    /// How long this thread's SQLite calls may wait for another connection's lock:
+    /// `None` (every thread but the background writer) gives up at once.
+    static BUSY_WAIT: Cell<Option<Duration>> = const { Cell::new(None) };
+}
+
+/// The writer connection's busy handler: waits (sleeping 1, 2, … up to 25 ms between
+/// tries) only on the background thread, up to its configured timeout.
+fn busy_handler(tries: i32) -> bool {
+    let Some(limit) = BUSY_WAIT.with(Cell::get) else {
+        return false;
+    };
+    let tries = u64::try_from(tries).unwrap_or(0);
+    let waited_ms: u64 = (0..tries).map(|i| (i + 1).min(25)).sum();
+    if u128::from(waited_ms) >= limit.as_millis() {
+        return false;
+    }
+    std::thread::sleep(Duration::from_millis((tries + 1).min(25)));
+    true
+}
 
 /// The writer failed or is gone; converted into the caller's error type.
 #[derive(Debug, Clone)]
@@ -115,10 +154,33 @@ pub(crate) struct WriterConfig {
     pub busy_timeout: Duration,
 }
 
-/// Handle to the writer thread, shared by every clone of a store.
+/// Handle to the writer, shared by every clone of a store.
 pub(crate) struct SqliteWriter {
-    sender: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
+    shared: Arc<Shared>,
     stopped: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+/// What the callers and the background thread share.
+struct Shared {
+    /// The one write connection; `None` once closed. Locked only by the committer.
+    conn: Mutex<Option<Connection>>,
+    queue: Mutex<Queue>,
+    /// Wakes the background thread when work is handed to it.
+    wake: Condvar,
+    full_sync: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Box<dyn Job>>,
+    /// Someone (an inline caller or the background thread) is committing: newcomers
+    /// queue and wait for their reply.
+    committing: bool,
+    /// The queue was handed to the background thread.
+    handed_off: bool,
+    /// Commits since the last checkpoint.
+    commits: u64,
+    closing: bool,
 }
 
 impl std::fmt::Debug for SqliteWriter {
@@ -128,84 +190,207 @@ impl std::fmt::Debug for SqliteWriter {
 }
 
 impl SqliteWriter {
-    /// Opens the writer's connection on a new thread and starts the loop.
+    /// Opens the writer's connection and starts the background thread.
     pub(crate) async fn start(config: WriterConfig) -> Result<Self, StoreError> {
-        let (sender, receiver) = mpsc::channel::<Box<dyn Job>>(QUEUE_CAPACITY);
-        let (opened_tx, opened_rx) = oneshot::channel::<Result<(), StoreError>>();
+        let conn = open_connection(&config)?;
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(Some(conn)),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            full_sync: config.full_sync,
+        });
         let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
         let name = format!("keel-sqlite-writer:{}", config.path.display());
+        let background = shared.clone();
+        let busy_timeout = config.busy_timeout;
         std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                let conn = match open_connection(&config) {
-                    Ok(conn) => {
-                        let _ = opened_tx.send(Ok(()));
-                        conn
-                    }
-                    Err(e) => {
-                        let _ = opened_tx.send(Err(e));
-                        return;
-                    }
-                };
-                run_loop(&conn, receiver, config.full_sync);
-                drop(conn);
+                BUSY_WAIT.with(|wait| wait.set(Some(busy_timeout)));
+                background_loop(&background);
                 let _ = stopped_tx.send(());
             })
             .map_err(|e| {
                 StoreError::Backend(format!("cannot start the SQLite writer thread: {e}"))
             })?;
-        opened_rx.await.map_err(|_| {
-            StoreError::Backend("the SQLite writer thread stopped while opening".into())
-        })??;
         Ok(Self {
-            sender: Mutex::new(Some(sender)),
+            shared,
             stopped: Mutex::new(Some(stopped_rx)),
         })
     }
 
-    /// Runs `work` on the writer thread inside the next group transaction and returns its
-    /// result once that transaction committed (or the group's failure if it did not).
-    /// `Err` results roll back only this job's writes.
+    /// Runs `work` inside the next group transaction and returns its result once that
+    /// transaction committed (or the group's failure if it did not). `Err` results roll
+    /// back only this job's writes.
     pub(crate) async fn call<T, E, F>(&self, durability: AppendDurability, work: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: Send + From<WriterFailure> + 'static,
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
-        let sender = lock(&self.sender).clone().ok_or_else(|| {
-            E::from(WriterFailure(
-                "the SQLite store is closed: open it again to write".into(),
-            ))
-        })?;
         let (reply, answer) = oneshot::channel();
+        let sync = matches!(durability, AppendDurability::Sync);
         let job: Box<dyn Job> = Box::new(Call {
             work: Some(work),
             result: None,
-            sync: matches!(durability, AppendDurability::Sync),
+            sync,
             reply,
         });
-        sender.send(job).await.map_err(|_| {
-            E::from(WriterFailure(
-                "the SQLite writer thread has stopped: reopen the store".into(),
-            ))
-        })?;
-        drop(sender);
+        // Synchronous commits (fsync) never run on the caller's thread.
+        let may_run_inline = !sync && !self.shared.full_sync;
+        let inline = {
+            let mut queue = lock(&self.shared.queue);
+            if queue.closing {
+                return Err(E::from(WriterFailure(
+                    "the SQLite store is closed: open it again to write".into(),
+                )));
+            }
+            if queue.committing {
+                queue.jobs.push(job);
+                None
+            } else if may_run_inline && queue.jobs.is_empty() {
+                queue.committing = true;
+                Some(job)
+            } else {
+                queue.jobs.push(job);
+                queue.committing = true;
+                hand_off(&self.shared, &mut queue);
+                None
+            }
+        };
+        if let Some(job) = inline {
+            self.commit_inline(job);
+        }
         answer.await.map_err(|_| {
             E::from(WriterFailure(
-                "the SQLite writer thread stopped before answering: reopen the store".into(),
+                "the SQLite writer stopped before answering: reopen the store".into(),
             ))
         })?
+    }
+
+    /// Commits one job on the caller's thread; then hands whatever queued meanwhile (or
+    /// the job itself, when the database was locked) to the background thread.
+    fn commit_inline(&self, job: Box<dyn Job>) {
+        let mut group = vec![job];
+        let outcome = match lock(&self.shared.conn).as_ref() {
+            Some(conn) => run_group(conn, &mut group, false),
+            None => Err(GroupFailure::Failed(WriterFailure(
+                "the SQLite store is closed: open it again to write".into(),
+            ))),
+        };
+        let retry_in_background = matches!(outcome, Err(GroupFailure::Busy(_)));
+        if !retry_in_background {
+            finish_group(&mut group, outcome);
+        }
+        let mut queue = lock(&self.shared.queue);
+        if retry_in_background {
+            // Nothing of the job ran: it goes first, ahead of later arrivals.
+            group.append(&mut queue.jobs);
+            queue.jobs = group;
+        } else {
+            queue.commits = queue.commits.saturating_add(1);
+        }
+        if queue.jobs.is_empty() && queue.commits < CHECKPOINT_EVERY {
+            queue.committing = false;
+            if queue.closing {
+                // `close` waits for the background thread, which waits for us.
+                self.shared.wake.notify_one();
+            }
+        } else {
+            hand_off(&self.shared, &mut queue);
+        }
     }
 
     /// Stops accepting work, lets the writer finish the jobs already queued (their callers
     /// get their results) and waits until its connection is closed.
     pub(crate) async fn close(&self) {
-        drop(lock(&self.sender).take());
+        {
+            let mut queue = lock(&self.shared.queue);
+            queue.closing = true;
+            self.shared.wake.notify_one();
+        }
         let stopped = lock(&self.stopped).take();
         if let Some(stopped) = stopped {
             let _ = stopped.await;
         }
     }
+}
+
+impl Drop for SqliteWriter {
+    /// A store dropped without `close`: the background thread still drains the queue,
+    /// closes the connection and exits.
+    fn drop(&mut self) {
+        let mut queue = lock(&self.shared.queue);
+        queue.closing = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// Gives the queue to the background thread (the caller holds the queue's lock and has
+/// set `committing`).
+fn hand_off(shared: &Shared, queue: &mut Queue) {
+    queue.handed_off = true;
+    shared.wake.notify_one();
+}
+
+/// The background thread: commits what is handed to it until the queue is empty, runs
+/// the periodic checkpoint, and on close drains the queue and closes the connection.
+fn background_loop(shared: &Shared) {
+    loop {
+        let (mut group, checkpoint) = {
+            let mut queue = lock(&shared.queue);
+            // Sleep until work is handed over, or the store closes while nobody commits.
+            let idle_close = |q: &Queue| q.closing && !q.committing;
+            while !queue.handed_off && !idle_close(&queue) {
+                queue = match shared.wake.wait(queue) {
+                    Ok(guard) => guard,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+            }
+            if !queue.handed_off {
+                // Closing and idle: nobody commits any more.
+                break;
+            }
+            let take = queue.jobs.len().min(MAX_GROUP);
+            let group: Vec<Box<dyn Job>> = queue.jobs.drain(..take).collect();
+            let checkpoint = group.is_empty() && queue.commits >= CHECKPOINT_EVERY;
+            if group.is_empty() && !checkpoint {
+                queue.handed_off = false;
+                queue.committing = false;
+                continue;
+            }
+            if checkpoint {
+                queue.commits = 0;
+            }
+            (group, checkpoint)
+        };
+        let guard = lock(&shared.conn);
+        if let Some(conn) = guard.as_ref() {
+            if checkpoint {
+                // PASSIVE: copies what no reader still needs, never waits for readers.
+                let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+            } else {
+                let raise_sync = !shared.full_sync && group.iter().any(|job| job.wants_sync());
+                let outcome = run_group(conn, &mut group, raise_sync);
+                if raise_sync {
+                    // Back to the store's level; if this fails later commits are merely safer.
+                    let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
+                }
+                finish_group(&mut group, outcome);
+                let mut queue = lock(&shared.queue);
+                queue.commits = queue.commits.saturating_add(1);
+            }
+        } else {
+            finish_group(
+                &mut group,
+                Err(GroupFailure::Failed(WriterFailure(
+                    "the SQLite store is closed: open it again to write".into(),
+                ))),
+            );
+        }
+    }
+    // Closing: a final checkpoint happens when the connection closes.
+    drop(lock(&shared.conn).take());
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -223,8 +408,8 @@ fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
         ))
     };
     let conn = Connection::open(&config.path).map_err(|e| fail("open", e))?;
-    conn.busy_timeout(config.busy_timeout)
-        .map_err(|e| fail("busy_timeout", e))?;
+    conn.busy_handler(Some(busy_handler))
+        .map_err(|e| fail("busy_handler", e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
         .map_err(|e| fail("journal_mode", e))?;
@@ -238,6 +423,7 @@ fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     // file, journaling every page a job touches cost more CPU than the job itself. A 32 MB
     // page cache (default 2 MB) keeps a big group's dirty pages and the hot index pages in
     // memory instead of spilling and re-reading them (measured: see docs/durability.md).
+    // wal_autocheckpoint=0: the background thread checkpoints (see the module's docs).
     conn.execute_batch(if config.full_sync {
         "PRAGMA synchronous = FULL;"
     } else {
@@ -245,7 +431,8 @@ fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     })
     .and_then(|()| {
         conn.execute_batch(
-            "PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; PRAGMA cache_size = -32000;",
+            "PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; PRAGMA cache_size = -32000; \
+             PRAGMA wal_autocheckpoint = 0;",
         )
     })
     .map_err(|e| fail("pragmas", e))?;
@@ -253,29 +440,21 @@ fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Takes groups off the channel until every sender is gone.
-fn run_loop(conn: &Connection, mut receiver: mpsc::Receiver<Box<dyn Job>>, full_sync: bool) {
-    let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
-    while let Some(first) = receiver.blocking_recv() {
-        group.push(first);
-        while group.len() < MAX_GROUP {
-            match receiver.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
-            }
-        }
-        commit_group(conn, &mut group, full_sync);
-    }
+/// Why a group did not commit.
+enum GroupFailure {
+    /// The database was locked by another connection before anything ran: the jobs may
+    /// be run again (on the background thread, which waits for the lock).
+    Busy(WriterFailure),
+    /// Anything else: every job of the group gets this failure (unless it failed alone).
+    Failed(WriterFailure),
 }
 
-/// Runs one group in one transaction and answers every job in it.
-fn commit_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>, full_sync: bool) {
-    let raise_sync = !full_sync && group.iter().any(|job| job.wants_sync());
-    let failure = run_group(conn, group, raise_sync).err();
-    if raise_sync {
-        // Back to the store's level; if this fails the next commits are merely safer.
-        let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
-    }
+/// Answers every job of a group with its own result or the group's failure.
+fn finish_group(group: &mut Vec<Box<dyn Job>>, outcome: Result<(), GroupFailure>) {
+    let failure = match outcome {
+        Ok(()) => None,
+        Err(GroupFailure::Busy(failure) | GroupFailure::Failed(failure)) => Some(failure),
+    };
     for job in group.drain(..) {
         job.finish(failure.as_ref());
     }
@@ -285,14 +464,26 @@ fn run_group(
     conn: &Connection,
     group: &mut [Box<dyn Job>],
     raise_sync: bool,
-) -> Result<(), WriterFailure> {
-    let fail = |what: &str, e: rusqlite::Error| WriterFailure(format!("SQLite {what}: {e}"));
+) -> Result<(), GroupFailure> {
+    let fail = |what: &str, e: rusqlite::Error| {
+        GroupFailure::Failed(WriterFailure(format!("SQLite {what}: {e}")))
+    };
     if raise_sync {
         conn.execute_batch("PRAGMA synchronous = FULL")
             .map_err(|e| fail("raising synchronous to FULL", e))?;
     }
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| fail("begin", e))?;
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let busy = matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        );
+        let failure = WriterFailure(format!("SQLite begin: {e}"));
+        return Err(if busy {
+            GroupFailure::Busy(failure)
+        } else {
+            GroupFailure::Failed(failure)
+        });
+    }
     let single = group.len() == 1;
     for job in group.iter_mut() {
         if single {
@@ -416,6 +607,98 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows, (0..30).filter(|x| x % 3 != 0).collect::<Vec<_>>());
+        w.close().await;
+    }
+
+    fn insert_one(conn: &Connection) -> Result<(), StoreError> {
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+            .and_then(|()| conn.execute_batch("INSERT INTO t VALUES (1)"))
+            .map_err(|e| StoreError::Backend(e.to_string()))
+    }
+
+    /// Another process holds the write lock: the inline attempt gives up at once (it must
+    /// not block an async thread) and the background thread waits for the lock, so the
+    /// caller still gets its commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_locked_database_moves_the_job_to_the_background_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = writer(&dir, false).await;
+        let other = Connection::open(dir.path().join("w.db")).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            release_rx.recv().unwrap();
+            other.execute_batch("COMMIT").unwrap();
+        });
+        let call = tokio::spawn({
+            let w = std::sync::Arc::new(w);
+            let w2 = w.clone();
+            async move { (w2.call(AppendDurability::Default, insert_one).await, w) }
+        });
+        // Let the call try (and fail) inline before the lock is released; if it has not
+        // tried yet, it simply finds the database free: both orders must succeed.
+        tokio::task::yield_now().await;
+        release_tx.send(()).unwrap();
+        let (result, w) = call.await.unwrap();
+        result.unwrap();
+        holder.join().unwrap();
+        w.close().await;
+    }
+
+    /// A lock that is never released: the call fails after the busy timeout with SQLite's
+    /// error instead of hanging.
+    #[tokio::test]
+    async fn a_lock_held_past_the_busy_timeout_fails_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SqliteWriter::start(WriterConfig {
+            path: dir.path().join("w.db"),
+            full_sync: false,
+            busy_timeout: Duration::from_millis(50),
+        })
+        .await
+        .unwrap();
+        let other = Connection::open(dir.path().join("w.db")).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let result = w.call(AppendDurability::Default, insert_one).await;
+        assert!(
+            matches!(&result, Err(StoreError::Backend(m)) if m.contains("locked")),
+            "{result:?}"
+        );
+        other.execute_batch("COMMIT").unwrap();
+        w.call(AppendDurability::Default, insert_one).await.unwrap();
+        w.close().await;
+    }
+
+    /// Many concurrent callers: every one is answered, in a few groups, and the rows are
+    /// all there (the inline and background paths hand over without losing a job).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_callers_are_all_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = std::sync::Arc::new(writer(&dir, false).await);
+        let tasks: Vec<_> = (0..2000)
+            .map(|i| {
+                let w = w.clone();
+                tokio::spawn(async move {
+                    let durability = if i % 97 == 0 {
+                        AppendDurability::Sync
+                    } else {
+                        AppendDurability::Default
+                    };
+                    w.call(durability, insert_one).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let count: i64 = w
+            .call(AppendDurability::Default, |c: &Connection| {
+                c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                    .map_err(|e| StoreError::Backend(e.to_string()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(count, 2000);
         w.close().await;
     }
 
