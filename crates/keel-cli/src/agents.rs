@@ -47,13 +47,16 @@ impl StoreArgs {
                 Ok(opened) => return Ok(opened),
                 Err(e) if attempt < 4 && !self.store.starts_with("postgres") => {
                     attempt += 1;
-                    tracing::debug!("opening store {} failed ({e}); retrying", self.store);
+                    tracing::debug!(
+                        "opening store {} failed ({e}); retrying",
+                        crate::redaction::display_url(&self.store)
+                    );
                     tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
                 }
                 Err(e) => {
                     return Err(CliError::failure(format!(
                         "cannot open store {}: {e}",
-                        self.store
+                        crate::redaction::display_url(&self.store)
                     )));
                 }
             }
@@ -168,6 +171,10 @@ pub struct AgentSpec {
     /// `--max-output-tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// The `keel submit` message a worker started this run for (not part of the agent: a
+    /// worker that takes the job over finds the job's own run by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission: Option<String>,
 }
 
 impl AgentArgs {
@@ -199,6 +206,7 @@ impl AgentArgs {
             context_strategy: self.context_strategy.clone(),
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
+            submission: None,
         })
     }
 }

@@ -35,7 +35,10 @@ pub fn telemetry_observer() -> Option<std::sync::Arc<dyn keel_runtime::RunObserv
         match Telemetry::start(&get().telemetry) {
             Ok(telemetry) => *guard = Some(telemetry),
             Err(error) => {
-                eprintln!("keel: telemetry disabled: {}", error.message);
+                eprintln!(
+                    "keel: telemetry disabled: {}",
+                    crate::redaction::for_stderr(&error.message)
+                );
                 return None;
             }
         }

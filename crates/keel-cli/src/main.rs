@@ -22,6 +22,7 @@ mod config;
 mod models;
 mod output;
 mod recorded;
+mod redaction;
 mod telemetry;
 mod test_tools;
 mod tools;
@@ -158,7 +159,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Config { .. })
         && let Err(error) = config::init(config_path.as_deref())
     {
-        eprintln!("keel: {}", error.message);
+        eprintln!("keel: {}", redaction::for_stderr(&error.message));
         return ExitCode::from(error.code);
     }
     let _log_guard = start_logging(&cli.command);
@@ -214,7 +215,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("keel: {}", error.message);
+            eprintln!("keel: {}", redaction::for_stderr(&error.message));
             ExitCode::from(error.code)
         }
     }

@@ -41,7 +41,7 @@ pub fn spec_for_thread(thread: &Thread, flags: &AgentArgs) -> Result<AgentSpec, 
     };
     let (spec, notices) = apply_flags(recorded, flags)?;
     for notice in notices {
-        eprintln!("keel: {notice}");
+        eprintln!("keel: {}", crate::redaction::for_stderr(&notice));
     }
     Ok(spec)
 }
@@ -200,6 +200,7 @@ mod tests {
             context_strategy: None,
             context_window: Some(4000),
             max_output_tokens: None,
+            submission: None,
         }
     }
 

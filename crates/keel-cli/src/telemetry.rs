@@ -53,11 +53,14 @@ impl Telemetry {
                 eprintln!(
                     "keel: telemetry export failed {} time(s): {}",
                     stats.export_errors,
-                    stats.last_error.unwrap_or_default()
+                    crate::redaction::for_stderr(&stats.last_error.unwrap_or_default())
                 );
             }
             Ok(_) => {}
-            Err(error) => eprintln!("keel: telemetry shutdown: {error}"),
+            Err(error) => eprintln!(
+                "keel: telemetry shutdown: {}",
+                crate::redaction::for_stderr(&error.to_string())
+            ),
         }
     }
 }

@@ -38,6 +38,10 @@ pub struct AppendArgs {
     /// Milliseconds to wait after writing (0 to 10000).
     #[serde(default)]
     pub delay_after_ms: u64,
+    /// Before writing, wait until this file exists (tests use it to decide exactly when
+    /// the effect happens). A cancelled call returns without writing.
+    #[serde(default)]
+    pub wait_for_file: Option<String>,
 }
 
 /// Output of `test_append`.
@@ -63,6 +67,7 @@ Rules:
 Arguments:
 - text: the text to append (required).
 - delay_before_ms / delay_after_ms: waits around the write, 0 to 10000.
+- wait_for_file: a path; the write waits until it exists (a cancelled call never writes).
 
 Error codes:
 - invalid_input: a delay above 10000.
@@ -96,6 +101,17 @@ impl Tool for TestAppend {
             ToolError::new(ToolErrorCode::ToolBug, format!("{FILE_VAR} is not set"))
         })?;
         tokio::time::sleep(Duration::from_millis(args.delay_before_ms)).await;
+        if let Some(gate) = &args.wait_for_file {
+            while !std::path::Path::new(gate).exists() && !ctx.cancel.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        if ctx.cancel.is_cancelled() {
+            return Err(ToolError::new(
+                ToolErrorCode::Cancelled,
+                "cancelled before writing",
+            ));
+        }
         let line = format!(
             "{}\t{}\n",
             ctx.idempotency_key,

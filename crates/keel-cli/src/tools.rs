@@ -30,8 +30,11 @@ pub fn mcp_manager() -> Option<&'static McpManager> {
             && status.tools.is_empty()
         {
             eprintln!(
-                "keel: MCP server `{}` is unavailable and was skipped: {error}",
-                status.name
+                "{}",
+                crate::redaction::for_stderr(&format!(
+                    "keel: MCP server `{}` is unavailable and was skipped: {error}",
+                    status.name
+                ))
             );
         }
     }
@@ -57,7 +60,10 @@ pub fn register_configured(catalog: &mut ToolRegistry) -> Result<Vec<String>, Cl
     }
     if let Some(manager) = mcp_manager() {
         for error in manager.register_tools(catalog) {
-            eprintln!("keel: MCP tool skipped: {error}");
+            eprintln!(
+                "{}",
+                crate::redaction::for_stderr(&format!("keel: MCP tool skipped: {error}"))
+            );
         }
         for tool in manager.tools() {
             names.push(tool.spec().name.clone());

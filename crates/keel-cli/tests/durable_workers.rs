@@ -1,6 +1,8 @@
 //! Scale-out on Postgres: 200 runs submitted with `keel submit`, two `keel worker`
 //! processes lease them, one is killed with SIGKILL midway; all 200 finish, each run was
-//! started once and ended once, and no mutating tool call executed twice.
+//! started once and ended once, and no mutating tool call executed twice. And several
+//! messages submitted for each of several threads all run, each thread's in submit order,
+//! shared by two workers.
 //!
 //! Needs PostgreSQL: set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test). The
 //! test works in a throw-away schema, so repeated runs do not interfere.
@@ -65,8 +67,8 @@ fn worker(dir: &Path, store: &str, name: &str) -> Child {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_one_killed_all_runs_finish_once() {
+/// A store in a throw-away schema, and the `--store` URL that reaches it.
+async fn schema_store() -> (PostgresStore, String) {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!("DATABASE_URL is not set: this test needs PostgreSQL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/test; scripts/test sets it when the local server runs)")
     });
@@ -84,6 +86,115 @@ async fn two_workers_one_killed_all_runs_finish_once() {
         .unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let store_url = format!("{url}{separator}options[search_path]={schema}");
+    (store, store_url)
+}
+
+/// Waits for a worker started with `--exit-when-idle` to exit successfully.
+fn wait_idle_exit(child: &mut Child, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "worker exited with {status}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            return;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!(
+                "worker did not finish:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_one_thread_run_in_submit_order_across_workers() {
+    const THREADS: usize = 4;
+    const MESSAGES: usize = 3;
+    let (store, store_url) = schema_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    std::fs::write(
+        root.join("step.json"),
+        r#"[{"text": "Noted.", "delay_ms": 30}]"#,
+    )
+    .unwrap();
+    for m in 0..MESSAGES {
+        for t in 0..THREADS {
+            let (thread, message) = (format!("thr_order_{t}"), format!("thread {t} message {m}"));
+            let out = keel(
+                &root,
+                &[
+                    "submit",
+                    "--script",
+                    "step.json",
+                    "--store",
+                    &store_url,
+                    "--thread",
+                    &thread,
+                    &message,
+                ],
+            )
+            .output()
+            .unwrap();
+            assert!(
+                out.status.success(),
+                "submit: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert_eq!(
+        store.counts().await.unwrap().queued,
+        (THREADS * MESSAGES) as u64
+    );
+    let mut a = worker(&root, &store_url, "order_a");
+    let mut b = worker(&root, &store_url, "order_b");
+    wait_idle_exit(&mut a, &root.join("order_a.log"));
+    wait_idle_exit(&mut b, &root.join("order_b.log"));
+    for t in 0..THREADS {
+        let events = store.load(&format!("thr_order_{t}")).await.unwrap();
+        let users: Vec<String> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::UserMessage { message } => Some(message.text()),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<String> = (0..MESSAGES)
+            .map(|m| format!("thread {t} message {m}"))
+            .collect();
+        assert_eq!(users, expected, "thread {t}");
+        let ends = events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.kind,
+                    EventKind::RunEnded {
+                        end_state: keel_core::EndState::Done,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(ends, MESSAGES, "thread {t}: {ends} runs ended done");
+    }
+    let counts = store.counts().await.unwrap();
+    assert_eq!(
+        (counts.queued, counts.leased, counts.done, counts.failed),
+        (0, 0, (THREADS * MESSAGES) as u64, 0)
+    );
+    store.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_one_killed_all_runs_finish_once() {
+    let (store, store_url) = schema_store().await;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     std::fs::write(root.join("script.json"), SCRIPT).unwrap();

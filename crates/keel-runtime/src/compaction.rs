@@ -117,14 +117,26 @@ pub(crate) fn request_budget(
     let output = agent.output_reserve;
     let mut fixed_request = *request;
     fixed_request.messages = &[];
-    let fixed = agent
-        .fixed_tokens
-        .estimate(agent.model.as_ref(), &fixed_request);
+    let fixed =
+        agent
+            .fixed_tokens
+            .estimate(agent.model.as_ref(), &fixed_request, precise_from(agent));
     let budget = TokenBudget::new(u64::from(window), u64::from(output), fixed);
     match last_correction(journal) {
         Some(ratio) => budget.with_correction(ratio),
         None => budget,
     }
+}
+
+/// From how many tokens on a request's estimate must be exact (see
+/// [`Model::estimate_tokens_near`]): a tenth of the request limit, the lowest threshold a
+/// compaction strategy accepts (the summarizer's is clamped to 0.1..=1 of its limit).
+pub(crate) fn precise_from(agent: &Agent) -> u64 {
+    let window = agent
+        .context
+        .context_window
+        .unwrap_or(agent.model.capabilities().context_window);
+    TokenBudget::new(u64::from(window), u64::from(agent.output_reserve), 0).request_limit() / 10
 }
 
 /// Reported input tokens over our estimate, for the run's latest answered request.
@@ -159,16 +171,19 @@ pub(crate) async fn prepare(
         return Ok(Prepared::Ready);
     };
     let max_chars = agent.context.max_tool_result_chars;
-    let messages = journal.state().messages();
-    let oversized = messages
+    let oversized = journal
+        .state()
+        .messages()
         .last()
         .is_some_and(|m| m.role == Role::Tool && has_oversized_result(m, max_chars));
     let history = budget.corrected(full.saturating_sub(budget.fixed));
     if !force && !oversized && !strategy.should_compact(history, &budget) {
         return Ok(Prepared::Ready);
     }
+    // A strategy may call a model (summarize): what it reads is stored first.
+    journal.flush().await?;
     // Only now is the history copied.
-    let mut working: Vec<Message> = messages.to_vec();
+    let mut working: Vec<Message> = journal.state().messages().to_vec();
     let mut batch = Vec::new();
     if oversized && let Some(last) = working.last_mut() {
         for cut in truncate_tool_results(last, max_chars) {
@@ -299,7 +314,7 @@ pub(crate) struct FixedTokens {
 }
 
 impl FixedTokens {
-    fn estimate(&self, model: &dyn Model, fixed: &ModelRequest<'_>) -> u64 {
+    fn estimate(&self, model: &dyn Model, fixed: &ModelRequest<'_>, precise_from: u64) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         fixed.system.hash(&mut hasher);
@@ -319,7 +334,7 @@ impl FixedTokens {
         {
             return tokens;
         }
-        let tokens = model.estimate_tokens(fixed);
+        let tokens = model.estimate_tokens_near(fixed, precise_from);
         *last = Some((key, tokens));
         tokens
     }

@@ -1,6 +1,18 @@
 //! The journal: the only way a run writes its log. It stamps events (seq, time, ids),
-//! persists each batch to the store BEFORE the state changes or anyone acts on it, folds
-//! it into the thread's state, then tells the observers.
+//! persists each batch to the store BEFORE anyone acts on it, folds it into the thread's
+//! state, then tells the observers.
+//!
+//! Staging: when the runner knows that nothing leaves the process between two batches
+//! (a model's answer is folded, `decide` runs, and the very next thing is the append of
+//! the tool calls' starts), it [`Journal::stage`]s the first batch: the events are
+//! stamped and folded at once, so `decide` sees them, but they reach the store together
+//! with the next append, in the same transaction, and observers hear of them only then.
+//! Every action with an effect outside the process (a model call, a tool call, asking a
+//! human, returning to the caller) is preceded by an append or an explicit
+//! [`Journal::flush`], so the rule above still holds: each event is durable before it is
+//! acted on. What staging saves is a commit per step (half the commits of a run). If the
+//! append carrying staged events fails, the thread's folded state is ahead of its log:
+//! it is marked diverged and the next run or resume reloads it from the store.
 
 use chrono::Utc;
 use keel_core::event::{new_span_id, new_trace_id};
@@ -17,6 +29,9 @@ pub(crate) struct Journal<'a> {
     run_id: String,
     trace_id: String,
     run_span: String,
+    /// How many of the run's latest events are staged: stamped, folded and kept with the
+    /// run's events, not yet in the store (see [`Journal::stage`]).
+    staged: usize,
 }
 
 impl<'a> Journal<'a> {
@@ -29,6 +44,7 @@ impl<'a> Journal<'a> {
             run_id,
             trace_id: new_trace_id(),
             run_span: new_span_id(),
+            staged: 0,
         }
     }
 
@@ -46,6 +62,7 @@ impl<'a> Journal<'a> {
             run_id,
             trace_id,
             run_span,
+            staged: 0,
         }
     }
 
@@ -88,19 +105,77 @@ impl<'a> Journal<'a> {
             .await
     }
 
-    /// Appends events atomically; with [`AppendDurability::Sync`] the batch is on stable
-    /// storage when this returns, whatever the store's configured level.
+    /// Appends events atomically, together with any staged ones; with
+    /// [`AppendDurability::Sync`] the batch is on stable storage when this returns,
+    /// whatever the store's configured level.
     pub(crate) async fn append_batch_with(
         &mut self,
         items: Vec<(EventKind, String)>,
         durability: AppendDurability,
     ) -> Result<(), RunError> {
-        if items.is_empty() {
+        let fresh = self.stamp(items);
+        let fresh_len = fresh.len();
+        let (state, run_events) = self.thread.parts_mut();
+        run_events.extend(fresh);
+        let pending = self.staged.saturating_add(fresh_len);
+        let start = run_events.len().saturating_sub(pending);
+        let Some(batch) = run_events.get(start..).filter(|b| !b.is_empty()) else {
             return Ok(());
+        };
+        let first_seq = batch.first().map_or_else(|| state.next_seq(), |e| e.seq);
+        if let Err(error) = self
+            .ctx
+            .store
+            .append_with(state.thread_id(), first_seq, batch, durability)
+            .await
+        {
+            let (_, run_events) = self.thread.parts_mut();
+            run_events.truncate(run_events.len().saturating_sub(fresh_len));
+            if self.staged > 0 {
+                // The state already folded the staged events: it is ahead of the log.
+                self.staged = 0;
+                self.thread.mark_diverged();
+            }
+            return Err(error.into());
         }
+        self.staged = 0;
+        let (state, run_events) = self.thread.parts_mut();
+        let fold_from = run_events.len().saturating_sub(fresh_len);
+        for (index, event) in run_events.iter().enumerate().skip(start) {
+            if index >= fold_from {
+                state.apply(event);
+            }
+            for observer in &self.ctx.observers {
+                observer.on_event(event);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stamps, folds and keeps events to be written with the next append (or
+    /// [`Journal::flush`]). Only for batches after which the caller does nothing outside
+    /// the process before its next append: see the module's documentation.
+    pub(crate) fn stage(&mut self, items: Vec<(EventKind, String)>) {
+        let events = self.stamp(items);
+        self.staged = self.staged.saturating_add(events.len());
+        let (state, run_events) = self.thread.parts_mut();
+        for event in &events {
+            state.apply(event);
+        }
+        run_events.extend(events);
+    }
+
+    /// Writes the staged events, if any.
+    pub(crate) async fn flush(&mut self) -> Result<(), RunError> {
+        self.append_batch_with(Vec::new(), AppendDurability::Default)
+            .await
+    }
+
+    /// Stamps events with the next sequence numbers (after the staged ones).
+    fn stamp(&self, items: Vec<(EventKind, String)>) -> Vec<Event> {
         let first_seq = self.thread.state().next_seq();
         let ts = Utc::now();
-        let events: Vec<Event> = items
+        items
             .into_iter()
             .enumerate()
             .map(|(offset, (kind, span_id))| Event {
@@ -113,18 +188,16 @@ impl<'a> Journal<'a> {
                 span_id,
                 kind,
             })
-            .collect();
-        self.ctx
-            .store
-            .append_with(self.thread.id(), first_seq, &events, durability)
-            .await?;
-        for event in &events {
-            self.thread.state_mut().apply(event);
-            for observer in &self.ctx.observers {
-                observer.on_event(event);
-            }
+            .collect()
+    }
+}
+
+impl Drop for Journal<'_> {
+    /// Staged events that never reached the store (the run stopped on an error, or its
+    /// future was dropped) leave the folded state ahead of the log.
+    fn drop(&mut self) {
+        if self.staged > 0 {
+            self.thread.mark_diverged();
         }
-        self.thread.run_events_mut().extend(events);
-        Ok(())
     }
 }

@@ -23,6 +23,9 @@ use crate::runner::{ok_outcome, tool_finished};
 pub struct Thread {
     state: RunState,
     run_events: Vec<Event>,
+    /// The folded state holds events the store does not (an append failed after events
+    /// were staged): the next run or resume reloads the thread first.
+    diverged: bool,
 }
 
 /// Why a human decision or answer could not be recorded on a thread.
@@ -79,6 +82,7 @@ impl Thread {
         Self {
             state: RunState::new(id),
             run_events: Vec::new(),
+            diverged: false,
         }
     }
 
@@ -99,6 +103,7 @@ impl Thread {
         Self {
             state,
             run_events: events.split_off(latest_run),
+            diverged: false,
         }
     }
 
@@ -111,6 +116,28 @@ impl Thread {
         &mut self.run_events
     }
 
+    /// The folded state and the latest run's events, to change both at once.
+    pub(crate) fn parts_mut(&mut self) -> (&mut RunState, &mut Vec<Event>) {
+        (&mut self.state, &mut self.run_events)
+    }
+
+    /// Records that the folded state went ahead of the stored log.
+    pub(crate) fn mark_diverged(&mut self) {
+        self.diverged = true;
+    }
+
+    /// Reloads the thread from `store` when its state went ahead of the log (an append
+    /// failed after events had been folded); otherwise does nothing.
+    pub(crate) async fn reload_if_diverged(
+        &mut self,
+        store: &dyn EventStore,
+    ) -> Result<(), StoreError> {
+        if self.diverged {
+            *self = Self::load(store, self.id()).await?;
+        }
+        Ok(())
+    }
+
     /// The id.
     pub fn id(&self) -> &str {
         self.state.thread_id()
@@ -119,10 +146,6 @@ impl Thread {
     /// The folded state.
     pub fn state(&self) -> &RunState {
         &self.state
-    }
-
-    pub(crate) fn state_mut(&mut self) -> &mut RunState {
-        &mut self.state
     }
 
     /// Forks the stored thread at `at_seq` into a new thread and loads it.
@@ -145,6 +168,9 @@ impl Thread {
         call_id: &str,
         by: Option<String>,
     ) -> Result<(), HumanInputError> {
+        self.reload_if_diverged(ctx.store.as_ref())
+            .await
+            .map_err(RunError::from)?;
         self.check_awaiting_approval(call_id)?;
         let kind = EventKind::ApprovalGranted {
             call_id: call_id.to_string(),
@@ -161,6 +187,9 @@ impl Thread {
         call_id: &str,
         reason: Option<String>,
     ) -> Result<(), HumanInputError> {
+        self.reload_if_diverged(ctx.store.as_ref())
+            .await
+            .map_err(RunError::from)?;
         self.check_awaiting_approval(call_id)?;
         let kind = EventKind::ApprovalDenied {
             call_id: call_id.to_string(),
@@ -178,6 +207,9 @@ impl Thread {
         ctx: &RunContext,
         answer: &str,
     ) -> Result<(), HumanInputError> {
+        self.reload_if_diverged(ctx.store.as_ref())
+            .await
+            .map_err(RunError::from)?;
         if !self.state.run_in_progress() {
             return Err(HumanInputError::NoRunInProgress(self.id().to_string()));
         }
@@ -190,6 +222,7 @@ impl Thread {
             .state
             .run()
             .is_some_and(|run| run.awaiting_user.is_some());
+        let thread_id = self.id().to_string();
         let mut journal = Journal::resume(self, ctx);
         match ask_call {
             Some(call) => {
@@ -206,7 +239,7 @@ impl Thread {
                     })
                     .await?;
             }
-            None => return Err(HumanInputError::NotAwaitingUser(self.id().to_string())),
+            None => return Err(HumanInputError::NotAwaitingUser(thread_id)),
         }
         Ok(())
     }

@@ -146,7 +146,9 @@ queue_cases!(
     queue_exclusive_under_concurrency,
     queue_expired_lease_taken_over,
     queue_release,
-    queue_idempotent_enqueue_and_rerun,
+    queue_one_job_per_message_in_order,
+    queue_thread_jobs_serialized_under_concurrency,
+    queue_retry_later_and_fail,
     queue_invalid_arguments,
 );
 
@@ -154,7 +156,7 @@ queue_cases!(
 #[test]
 fn case_lists_are_complete() {
     assert_eq!(conformance::EVENT_CASES.len(), 16);
-    assert_eq!(conformance::QUEUE_CASES.len(), 6);
+    assert_eq!(conformance::QUEUE_CASES.len(), 8);
 }
 
 /// `run_all` drives every case through a factory.

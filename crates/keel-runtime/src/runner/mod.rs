@@ -36,6 +36,7 @@ pub(crate) async fn start(
     if new_messages.is_empty() {
         return Err(RunError::NoInput);
     }
+    thread.reload_if_diverged(ctx.store.as_ref()).await?;
     if let Some(run) = thread
         .state()
         .run()
@@ -69,7 +70,9 @@ pub(crate) async fn start(
             .into_iter()
             .map(|message| (EventKind::UserMessage { message }, span.clone())),
     );
-    journal.append_batch(batch).await?;
+    // Nothing leaves the process before the first model call's `ModelRequested`, which
+    // carries these events to the store in the same transaction.
+    journal.stage(batch);
     drive(agent, &mut journal).await
 }
 
@@ -79,7 +82,11 @@ pub(crate) async fn resume(
     thread: &mut Thread,
     ctx: &RunContext,
 ) -> Result<RunOutcome, RunError> {
+    thread.reload_if_diverged(ctx.store.as_ref()).await?;
     if !thread.state().run_in_progress() {
+        if crate::outcome::retryable_failure(thread.run_events()).is_some() {
+            return continue_failed(agent, thread, ctx).await;
+        }
         return Err(RunError::NothingToResume(thread.id().to_string()));
     }
     let changes = check_resumable(agent, thread)?;
@@ -102,6 +109,77 @@ pub(crate) async fn resume(
 /// Notice code recorded when a run continues with an agent that differs (compatibly)
 /// from the one it started with.
 pub const AGENT_CHANGED_NOTICE: &str = "agent_changed";
+
+/// Notice code opening a run that continues one which ended `failed` on a retryable model
+/// error; its data names that run (`continues`) and the error.
+pub const RUN_CONTINUED_NOTICE: &str = "run_continued";
+
+/// Continues a run that ended `failed` on a retryable model error: the ended run stays
+/// ended (its log is never reopened); a new run on the thread, with the same goal and
+/// budget, starts with a [`RUN_CONTINUED_NOTICE`] naming it and asks the model again from
+/// the conversation as it stood.
+async fn continue_failed(
+    agent: &Agent,
+    thread: &mut Thread,
+    ctx: &RunContext,
+) -> Result<RunOutcome, RunError> {
+    let changes = check_resumable(agent, thread)?;
+    let failed = thread.run_events().first().map(|e| e.run_id.clone());
+    let failure = crate::outcome::retryable_failure(thread.run_events()).cloned();
+    let goal = thread
+        .run_events()
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::RunStarted { goal, .. } => Some(goal.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let mut journal = Journal::start(thread, ctx, new_id("run"));
+    let span = journal.run_span().to_string();
+    let mut batch = vec![
+        (
+            EventKind::RunStarted {
+                agent: agent.name.clone(),
+                model: agent.model.id(),
+                goal,
+                constraints: Vec::new(),
+                budget: agent.budget,
+                definition: Some(Box::new(agent.definition.clone())),
+            },
+            span.clone(),
+        ),
+        (
+            EventKind::Notice {
+                code: RUN_CONTINUED_NOTICE.into(),
+                message: format!(
+                    "continues run {}, which failed on a retryable model error: {}",
+                    failed.as_deref().unwrap_or("?"),
+                    failure
+                        .as_ref()
+                        .map(|f| format!("{}: {}", f.kind, f.message))
+                        .unwrap_or_default()
+                ),
+                data: Some(serde_json::json!({ "continues": failed, "error": failure })),
+            },
+            span.clone(),
+        ),
+    ];
+    if !changes.is_empty() {
+        batch.push((
+            EventKind::Notice {
+                code: AGENT_CHANGED_NOTICE.into(),
+                message: format!(
+                    "the run continues with a changed agent: {}",
+                    changes.join("; ")
+                ),
+                data: Some(serde_json::json!({ "changes": changes })),
+            },
+            span,
+        ));
+    }
+    journal.append_batch(batch).await?;
+    drive(agent, &mut journal).await
+}
 
 /// Compares `agent` with the definition the thread's latest run recorded when it started:
 /// an incompatible agent (a tool of the run gone or reshaped) is refused before anything
@@ -167,6 +245,8 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                     return Ok(outcome(journal, RunStatus::Ended { end_state }));
                 }
                 if end_state == EndState::Done && agent.critic.is_some() {
+                    // The critic is a model call: what it judges is stored first.
+                    journal.flush().await?;
                     match critique_final_answer(agent, journal).await? {
                         FinalVerdict::Accepted => {}
                         FinalVerdict::SentBack => continue,
@@ -190,6 +270,8 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
             }
             Action::AwaitApproval(pending) => {
                 let pending = pending.clone();
+                // Whoever decides (a person, a callback) sees only stored events.
+                journal.flush().await?;
                 if let Some(status) = tools::await_approval(journal, pending).await? {
                     return Ok(outcome(journal, status));
                 }
@@ -199,6 +281,7 @@ async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, R
                 missing_fields,
             } => {
                 let (question, missing_fields) = (question.to_string(), missing_fields.to_vec());
+                journal.flush().await?;
                 await_user(journal, question, missing_fields).await?;
             }
         }

@@ -175,7 +175,11 @@ pub(super) async fn call_model(
                 final_summary,
                 forced.as_ref(),
             );
-            (messages.len(), agent.model.estimate_tokens(&request))
+            let precise_from = compaction::precise_from(agent);
+            (
+                messages.len(),
+                agent.model.estimate_tokens_near(&request, precise_from),
+            )
         };
         let span = new_span_id();
         let window = agent
@@ -299,7 +303,9 @@ fn measure(
     let request = build_request(agent, &messages, system, final_summary, forced.as_ref());
     (
         compaction::request_budget(agent, journal, &request),
-        agent.model.estimate_tokens(&request),
+        agent
+            .model
+            .estimate_tokens_near(&request, compaction::precise_from(agent)),
     )
 }
 
@@ -445,7 +451,11 @@ async fn finish_call(
             span,
         )),
     }
-    journal.append_batch(batch).await
+    // The next step is decided from these events; whatever it does outside the process
+    // (a tool call, the next model call, the end of the run) starts with an append that
+    // carries them to the store first.
+    journal.stage(batch);
+    Ok(())
 }
 
 /// Structured planner: turns the answer text into one action. A valid action rewrites the

@@ -133,7 +133,12 @@ pub(super) async fn execute_tools(
             .collect();
         let mut outcome = execution.outcome;
         let mut decision = decide_policy(agent, journal, &call, &outcome, false);
+        // A result with a side effect behind it is written at once; a read-only one is
+        // staged (written with the next append, before the next model call): losing it to
+        // a crash only means running a read-only call again.
+        let mut has_side_effect = !may_repeat(agent, &call.name);
         if let Some(PolicyDecision::Fallback { tool }) = &decision {
+            has_side_effect |= !may_repeat(agent, tool);
             batch.push(policy_event(
                 &call,
                 &outcome,
@@ -170,7 +175,11 @@ pub(super) async fn execute_tools(
             }
             batch.push(policy_event(&call, &outcome, decision));
         }
-        journal.append_batch(batch).await?;
+        if has_side_effect {
+            journal.append_batch(batch).await?;
+        } else {
+            journal.stage(batch);
+        }
         committed.push(call.id);
     }
     if agent.critic.is_some() {
@@ -389,6 +398,8 @@ async fn critique_observations(
     let Some(critic) = &agent.critic else {
         return Ok(());
     };
+    // The critic is a model call: the results it judges are stored first.
+    journal.flush().await?;
     let goal = journal
         .run_events()
         .iter()

@@ -23,8 +23,8 @@ pub use events::{
 };
 pub use queue::{
     queue_enqueue_acquire_complete, queue_exclusive_under_concurrency,
-    queue_expired_lease_taken_over, queue_idempotent_enqueue_and_rerun, queue_invalid_arguments,
-    queue_release,
+    queue_expired_lease_taken_over, queue_invalid_arguments, queue_one_job_per_message_in_order,
+    queue_release, queue_retry_later_and_fail, queue_thread_jobs_serialized_under_concurrency,
 };
 
 /// A failed conformance check.
@@ -133,7 +133,9 @@ pub const QUEUE_CASES: &[&str] = &[
     "queue_exclusive_under_concurrency",
     "queue_expired_lease_taken_over",
     "queue_release",
-    "queue_idempotent_enqueue_and_rerun",
+    "queue_one_job_per_message_in_order",
+    "queue_thread_jobs_serialized_under_concurrency",
+    "queue_retry_later_and_fail",
     "queue_invalid_arguments",
 ];
 
@@ -144,7 +146,11 @@ pub async fn run_queue_case(name: &str, queue: Arc<dyn RunQueue>) -> Result<(), 
         "queue_exclusive_under_concurrency" => queue_exclusive_under_concurrency(queue).await,
         "queue_expired_lease_taken_over" => queue_expired_lease_taken_over(queue).await,
         "queue_release" => queue_release(queue).await,
-        "queue_idempotent_enqueue_and_rerun" => queue_idempotent_enqueue_and_rerun(queue).await,
+        "queue_one_job_per_message_in_order" => queue_one_job_per_message_in_order(queue).await,
+        "queue_thread_jobs_serialized_under_concurrency" => {
+            queue_thread_jobs_serialized_under_concurrency(queue).await
+        }
+        "queue_retry_later_and_fail" => queue_retry_later_and_fail(queue).await,
         "queue_invalid_arguments" => queue_invalid_arguments(queue).await,
         other => Err(fail("run_queue_case", format!("unknown case {other:?}"))),
     }

@@ -1,7 +1,7 @@
 //! Run-queue conformance cases.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -225,60 +225,274 @@ pub async fn queue_release(queue: Arc<dyn RunQueue>) -> R {
     ensure(C, lost(&r), || format!("complete after release: {r:?}"))
 }
 
-/// Enqueue is idempotent per active thread; enqueueing a leased thread makes it run again.
-pub async fn queue_idempotent_enqueue_and_rerun(queue: Arc<dyn RunQueue>) -> R {
-    const C: &str = "queue_idempotent_enqueue_and_rerun";
-    let a = queue
-        .enqueue("i-1", &json!({"v": 1}))
+/// Every enqueue is a job of its own (a second message for a thread never replaces the
+/// first); a thread's jobs are leased one at a time in enqueue order, other threads' jobs
+/// meanwhile; a released job keeps its place.
+pub async fn queue_one_job_per_message_in_order(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_one_job_per_message_in_order";
+    let enqueue = |thread: &'static str, payload: serde_json::Value| {
+        let queue = queue.clone();
+        async move {
+            queue
+                .enqueue(thread, &payload)
+                .await
+                .map_err(backend(C, "enqueue"))
+        }
+    };
+    let acquire = |worker: &'static str| {
+        let queue = queue.clone();
+        async move {
+            queue
+                .acquire(worker, LONG)
+                .await
+                .map_err(backend(C, "acquire"))
+        }
+    };
+    let first = enqueue("m-1", json!({"message": "first"})).await?;
+    let second = enqueue("m-1", json!({"message": "second"})).await?;
+    let other = enqueue("m-2", json!({"message": "other"})).await?;
+    ensure(C, first != second, || {
+        format!("the second message for a thread reused job {first}")
+    })?;
+    let a = acquire("w1").await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "first job", a.job_id, first)?;
+    ensure_eq(
+        C,
+        "first payload",
+        a.payload.clone(),
+        json!({"message": "first"}),
+    )?;
+    let b = acquire("w2")
+        .await?
+        .ok_or_else(|| fail(C, "other thread's job not ready"))?;
+    ensure_eq(
+        C,
+        "the other thread runs while m-1's first job is leased",
+        b.job_id,
+        other,
+    )?;
+    let none = acquire("w3").await?;
+    ensure(C, none.is_none(), || {
+        format!("a second job of a thread was leased while its first is leased: {none:?}")
+    })?;
+    let counts = queue.counts().await.map_err(backend(C, "counts"))?;
+    ensure_eq(C, "counts", (counts.queued, counts.leased), (1, 2))?;
+    let info = queue
+        .job(second)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "second job missing"))?;
+    ensure_eq(C, "second job waits", info.state, JobState::Queued)?;
+    queue.complete(&a).await.map_err(backend(C, "complete"))?;
+    let c = acquire("w3")
+        .await?
+        .ok_or_else(|| fail(C, "second job not ready"))?;
+    ensure_eq(C, "second job", c.job_id, second)?;
+    ensure_eq(
+        C,
+        "second payload",
+        c.payload.clone(),
+        json!({"message": "second"}),
+    )?;
+    // A third message while the second runs; the released second job stays ahead of it.
+    let third = enqueue("m-1", json!({"message": "third"})).await?;
+    queue.release(&c).await.map_err(backend(C, "release"))?;
+    let d = acquire("w1")
+        .await?
+        .ok_or_else(|| fail(C, "released job not ready"))?;
+    ensure_eq(C, "released job comes back first", d.job_id, second)?;
+    ensure(C, acquire("w2").await?.is_none(), || {
+        "the third job was leased while the second is leased".into()
+    })?;
+    queue.complete(&d).await.map_err(backend(C, "complete"))?;
+    let e = acquire("w2")
+        .await?
+        .ok_or_else(|| fail(C, "third job not ready"))?;
+    ensure_eq(C, "third job", e.job_id, third)?;
+    queue.complete(&e).await.map_err(backend(C, "complete"))?;
+    queue.complete(&b).await.map_err(backend(C, "complete"))?;
+    let counts = queue.counts().await.map_err(backend(C, "counts"))?;
+    ensure_eq(
+        C,
+        "all done",
+        (counts.queued, counts.leased, counts.done, counts.failed),
+        (0, 0, 4, 0),
+    )
+}
+
+/// Eight concurrent workers over six threads of five jobs each: no thread ever has two
+/// jobs leased at once, and each thread's jobs are leased in enqueue order.
+pub async fn queue_thread_jobs_serialized_under_concurrency(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_thread_jobs_serialized_under_concurrency";
+    const THREADS: usize = 6;
+    const PER_THREAD: usize = 5;
+    for n in 0..PER_THREAD {
+        for t in 0..THREADS {
+            queue
+                .enqueue(&format!("s-{t}"), &json!({"n": n}))
+                .await
+                .map_err(backend(C, "enqueue"))?;
+        }
+    }
+    let held: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
+    let order: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::new(Mutex::new(HashMap::new()));
+    let mut handles = Vec::new();
+    for w in 0..8 {
+        let (queue, held, order) = (queue.clone(), held.clone(), order.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let lease = match queue.acquire(&format!("w{w}"), LONG).await {
+                    Ok(Some(lease)) => lease,
+                    Ok(None) => match queue.counts().await {
+                        Ok(counts) if counts.queued == 0 && counts.leased == 0 => return Ok(()),
+                        Ok(_) => {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    },
+                    Err(e) => return Err(e.to_string()),
+                };
+                if !lock(&held).insert(lease.thread_id.clone()) {
+                    return Err(format!("thread {} leased twice at once", lease.thread_id));
+                }
+                let n = lease.payload.get("n").and_then(serde_json::Value::as_u64);
+                lock(&order)
+                    .entry(lease.thread_id.clone())
+                    .or_default()
+                    .push(n.unwrap_or(u64::MAX));
+                tokio::task::yield_now().await;
+                // Leave the set before completing: once complete returns, the thread's
+                // next job may be leased by another worker.
+                lock(&held).remove(&lease.thread_id);
+                queue.complete(&lease).await.map_err(|e| e.to_string())?;
+            }
+        }));
+    }
+    let joined = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(handles))
+        .await
+        .map_err(|_| fail(C, "workers did not finish within 60 s"))?;
+    for r in joined {
+        r.map_err(|e| fail(C, format!("task panicked: {e}")))?
+            .map_err(|e| fail(C, e))?;
+    }
+    let order = lock(&order).clone();
+    ensure_eq(C, "threads served", order.len(), THREADS)?;
+    let expected: Vec<u64> = (0..PER_THREAD as u64).collect();
+    for (thread, got) in &order {
+        ensure(C, *got == expected, || {
+            format!("thread {thread}: jobs leased in order {got:?}, expected {expected:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// `retry_later` gives a job back behind a delay, still ahead of its thread's later jobs;
+/// `fail` gives it up with its reason and lets the thread's next job run; stale leases
+/// can do neither.
+pub async fn queue_retry_later_and_fail(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_retry_later_and_fail";
+    let acquire = |worker: &'static str| {
+        let queue = queue.clone();
+        async move {
+            queue
+                .acquire(worker, LONG)
+                .await
+                .map_err(backend(C, "acquire"))
+        }
+    };
+    let bad = queue
+        .enqueue("f-1", &json!({"n": 1}))
         .await
         .map_err(backend(C, "enqueue"))?;
-    let b = queue
-        .enqueue("i-1", &json!({"v": 2}))
+    let next = queue
+        .enqueue("f-1", &json!({"n": 2}))
         .await
-        .map_err(backend(C, "enqueue again"))?;
-    ensure_eq(C, "same job while queued", b, a)?;
-    let lease = queue
-        .acquire("w1", LONG)
-        .await
-        .map_err(backend(C, "acquire"))?
-        .ok_or_else(|| fail(C, "no job"))?;
-    ensure_eq(C, "latest payload", lease.payload.clone(), json!({"v": 2}))?;
-    let c = queue
-        .enqueue("i-1", &json!({"v": 3}))
-        .await
-        .map_err(backend(C, "enqueue while leased"))?;
-    ensure_eq(C, "same job while leased", c, a)?;
-    queue
-        .complete(&lease)
-        .await
-        .map_err(backend(C, "complete"))?;
+        .map_err(backend(C, "enqueue"))?;
+    let a = acquire("w1").await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "job", a.job_id, bad)?;
+    let reason = format!("base URL not allowed {}", "x".repeat(10_000));
+    queue.fail(&a, &reason).await.map_err(backend(C, "fail"))?;
     let info = queue
-        .job(a)
+        .job(bad)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "failed job missing"))?;
+    ensure_eq(C, "state", info.state, JobState::Failed)?;
+    let error = info.error.unwrap_or_default();
+    ensure(
+        C,
+        error.starts_with("base URL not allowed") && error.len() <= 4100,
+        || format!("kept error ({} bytes): {:.60}", error.len(), error),
+    )?;
+    let r = queue.complete(&a).await;
+    ensure(C, lost(&r), || format!("complete after fail: {r:?}"))?;
+    let b = acquire("w1")
+        .await?
+        .ok_or_else(|| fail(C, "job after a failed one not ready"))?;
+    ensure_eq(C, "next job", b.job_id, next)?;
+    queue
+        .retry_later(&b, LONG)
+        .await
+        .map_err(backend(C, "retry_later"))?;
+    let r = queue.retry_later(&b, LONG).await;
+    ensure(C, lost(&r), || format!("stale retry_later: {r:?}"))?;
+    let r = queue.fail(&b, "stale").await;
+    ensure(C, lost(&r), || format!("stale fail: {r:?}"))?;
+    let later = queue
+        .enqueue("f-1", &json!({"n": 3}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    ensure(C, acquire("w2").await?.is_none(), || {
+        "a job delayed by retry_later (or the one behind it) was handed out at once".into()
+    })?;
+    let info = queue
+        .job(later)
         .await
         .map_err(backend(C, "job"))?
         .ok_or_else(|| fail(C, "job missing"))?;
-    ensure_eq(C, "re-queued after complete", info.state, JobState::Queued)?;
-    let rerun = queue
-        .acquire("w2", LONG)
+    ensure_eq(C, "behind the delayed job", info.state, JobState::Queued)?;
+    // A short delay: the job comes back (polled with a generous deadline).
+    let short = queue
+        .enqueue("f-2", &json!({"n": 4}))
         .await
-        .map_err(backend(C, "acquire"))?
-        .ok_or_else(|| fail(C, "rerun not ready"))?;
-    ensure_eq(C, "rerun payload", rerun.payload.clone(), json!({"v": 3}))?;
+        .map_err(backend(C, "enqueue"))?;
+    let c = acquire("w1").await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "job", c.job_id, short)?;
     queue
-        .complete(&rerun)
+        .retry_later(&c, Duration::from_millis(200))
+        .await
+        .map_err(backend(C, "retry_later"))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        if let Some(lease) = acquire("w2").await? {
+            break lease;
+        }
+        ensure(C, tokio::time::Instant::now() < deadline, || {
+            "a job given back with a 200 ms delay was not ready within 30 s".into()
+        })?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure_eq(C, "the delayed job came back", again.job_id, short)?;
+    ensure_eq(C, "token", again.token, c.token + 1)?;
+    queue
+        .complete(&again)
         .await
         .map_err(backend(C, "complete"))?;
-    let info = queue
-        .job(a)
-        .await
-        .map_err(backend(C, "job"))?
-        .ok_or_else(|| fail(C, "job missing"))?;
-    ensure_eq(C, "done", info.state, JobState::Done)?;
-    let d = queue
-        .enqueue("i-1", &json!({"v": 4}))
-        .await
-        .map_err(backend(C, "enqueue after done"))?;
-    ensure(C, d != a, || "a finished job was reused".into())
+    let counts = queue.counts().await.map_err(backend(C, "counts"))?;
+    ensure_eq(
+        C,
+        "counts",
+        (counts.queued, counts.leased, counts.done, counts.failed),
+        (2, 0, 1, 1),
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
 }
 
 /// Bad arguments are typed errors.

@@ -1,6 +1,6 @@
 //! [`MemoryRunQueue`]: the run queue in one process's memory (tests, `memory:` stores).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, check_worker, ttl_ns,
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, capped_error, check_worker,
+    delay_ns, ttl_ns,
 };
 
 #[derive(Debug)]
@@ -17,11 +18,26 @@ struct Job {
     thread_id: String,
     payload: Value,
     state: JobState,
-    rerun: bool,
     worker_id: Option<String>,
     token: u64,
     expires_at: Option<DateTime<Utc>>,
+    ready_at: Option<DateTime<Utc>>,
     attempts: u32,
+    error: Option<String>,
+}
+
+impl Job {
+    fn active(&self) -> bool {
+        matches!(self.state, JobState::Queued | JobState::Leased)
+    }
+
+    fn ready(&self, now: DateTime<Utc>) -> bool {
+        match self.state {
+            JobState::Queued => self.ready_at.is_none_or(|at| at <= now),
+            JobState::Leased => self.expires_at.is_none_or(|at| at <= now),
+            JobState::Done | JobState::Failed => false,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +63,24 @@ impl MemoryRunQueue {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    /// Moves a held job to `state` (ready again after `ready_in` when queued).
+    fn finish(
+        &self,
+        lease: &Lease,
+        state: JobState,
+        ready_in: Option<Duration>,
+        error: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let mut inner = self.lock();
+        let job = held(&mut inner, lease)?;
+        job.state = state;
+        job.expires_at = None;
+        job.ready_at =
+            ready_in.map(|delay| Utc::now() + chrono::Duration::nanoseconds(delay_ns(delay)));
+        job.error = error.map(capped_error);
+        Ok(())
     }
 }
 
@@ -80,15 +114,6 @@ impl RunQueue for MemoryRunQueue {
             ));
         }
         let mut inner = self.lock();
-        if let Some((id, job)) = inner
-            .jobs
-            .iter_mut()
-            .find(|(_, job)| job.thread_id == thread_id && job.state != JobState::Done)
-        {
-            job.payload = payload.clone();
-            job.rerun = job.state == JobState::Leased;
-            return Ok(*id);
-        }
         inner.next_id += 1;
         let id = inner.next_id;
         inner.jobs.insert(
@@ -97,11 +122,12 @@ impl RunQueue for MemoryRunQueue {
                 thread_id: thread_id.to_string(),
                 payload: payload.clone(),
                 state: JobState::Queued,
-                rerun: false,
                 worker_id: None,
                 token: 0,
                 expires_at: None,
+                ready_at: None,
                 attempts: 0,
+                error: None,
             },
         );
         Ok(id)
@@ -112,25 +138,36 @@ impl RunQueue for MemoryRunQueue {
         let expires_at = expiry(ttl)?;
         let now = Utc::now();
         let mut inner = self.lock();
-        let ready = inner.jobs.iter_mut().find(|(_, job)| {
-            job.state == JobState::Queued
-                || (job.state == JobState::Leased && job.expires_at.is_none_or(|at| at <= now))
-        });
-        Ok(ready.map(|(id, job)| {
-            job.state = JobState::Leased;
-            job.worker_id = Some(worker_id.to_string());
-            job.token += 1;
-            job.expires_at = Some(expires_at);
-            job.attempts += 1;
-            Lease {
-                job_id: *id,
-                thread_id: job.thread_id.clone(),
-                payload: job.payload.clone(),
-                worker_id: worker_id.to_string(),
-                token: job.token,
-                expires_at,
-                attempts: job.attempts,
+        // Jobs in id order; only the first active job of each thread (its head) may go.
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut chosen = None;
+        for (id, job) in &inner.jobs {
+            if !job.active() || !seen.insert(job.thread_id.as_str()) {
+                continue;
             }
+            if job.ready(now) {
+                chosen = Some(*id);
+                break;
+            }
+        }
+        let Some(id) = chosen else { return Ok(None) };
+        let Some(job) = inner.jobs.get_mut(&id) else {
+            return Ok(None);
+        };
+        job.state = JobState::Leased;
+        job.worker_id = Some(worker_id.to_string());
+        job.token += 1;
+        job.expires_at = Some(expires_at);
+        job.ready_at = None;
+        job.attempts += 1;
+        Ok(Some(Lease {
+            job_id: id,
+            thread_id: job.thread_id.clone(),
+            payload: job.payload.clone(),
+            worker_id: worker_id.to_string(),
+            token: job.token,
+            expires_at,
+            attempts: job.attempts,
         }))
     }
 
@@ -146,25 +183,19 @@ impl RunQueue for MemoryRunQueue {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        let mut inner = self.lock();
-        let job = held(&mut inner, lease)?;
-        job.state = if job.rerun {
-            JobState::Queued
-        } else {
-            JobState::Done
-        };
-        job.rerun = false;
-        job.expires_at = None;
-        Ok(())
+        self.finish(lease, JobState::Done, None, None)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        let mut inner = self.lock();
-        let job = held(&mut inner, lease)?;
-        job.state = JobState::Queued;
-        job.rerun = false;
-        job.expires_at = None;
-        Ok(())
+        self.finish(lease, JobState::Queued, None, None)
+    }
+
+    async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Queued, Some(delay), None)
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Failed, None, Some(error))
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -175,17 +206,14 @@ impl RunQueue for MemoryRunQueue {
             worker_id: job.worker_id.clone(),
             token: job.token,
             attempts: job.attempts,
+            error: job.error.clone(),
         }))
     }
 
     async fn counts(&self) -> Result<QueueCounts, QueueError> {
         let mut counts = QueueCounts::default();
         for job in self.lock().jobs.values() {
-            match job.state {
-                JobState::Queued => counts.queued += 1,
-                JobState::Leased => counts.leased += 1,
-                JobState::Done => counts.done += 1,
-            }
+            counts.add(job.state, 1);
         }
         Ok(counts)
     }

@@ -8,11 +8,17 @@
 //! of an unexpired lease, so a worker that stalled past its lease cannot touch the job
 //! after another worker took it over ([`QueueError::LeaseLost`]).
 //!
-//! Enqueueing is idempotent per thread: while a thread has a queued or leased job, a new
-//! `enqueue` for it returns that job's id (updating its payload). If the job is leased at
-//! that moment it is marked to run again: `complete` puts it back in the queue instead of
-//! finishing it, so an event that arrives while a worker is busy (an approval, a user
-//! reply) is never lost.
+//! Every `enqueue` adds a job (one per submitted message: nothing is ever merged or
+//! overwritten). The jobs of one thread run **one at a time, in enqueue order**: only the
+//! oldest unfinished job of a thread (its *head*) can be leased, so a thread never has two
+//! leases and its second message waits until its first is done (or failed). Jobs of
+//! different threads are independent and run in parallel. The backends enforce this in
+//! the database (`acquire` picks heads only; a unique index allows one lease per thread).
+//!
+//! A job ends `done` ([`RunQueue::complete`]) or `failed` with a reason
+//! ([`RunQueue::fail`], for jobs that can never succeed); [`RunQueue::release`] gives it
+//! back at once and [`RunQueue::retry_later`] after a delay, keeping its place at the head
+//! of its thread.
 
 mod memory;
 mod postgres;
@@ -72,6 +78,8 @@ pub enum JobState {
     Leased,
     /// Completed.
     Done,
+    /// Given up: it can never succeed (the reason is in [`JobInfo::error`]).
+    Failed,
 }
 
 impl JobState {
@@ -81,6 +89,7 @@ impl JobState {
             Self::Queued => "queued",
             Self::Leased => "leased",
             Self::Done => "done",
+            Self::Failed => "failed",
         }
     }
 
@@ -89,6 +98,7 @@ impl JobState {
             "queued" => Ok(Self::Queued),
             "leased" => Ok(Self::Leased),
             "done" => Ok(Self::Done),
+            "failed" => Ok(Self::Failed),
             other => Err(QueueError::Backend(format!(
                 "stored job state {other:?} is unknown"
             ))),
@@ -111,8 +121,8 @@ pub struct Lease {
     pub token: u64,
     /// When the lease lapses unless renewed (by the backend's clock).
     pub expires_at: DateTime<Utc>,
-    /// How many times the job was acquired, this time included (> 1 means a takeover or
-    /// a rerun).
+    /// How many times the job was acquired, this time included (> 1 means the job
+    /// was taken over, released or retried).
     pub attempts: u32,
 }
 
@@ -131,6 +141,8 @@ pub struct JobInfo {
     pub token: u64,
     /// Acquisitions so far.
     pub attempts: u32,
+    /// Why the job failed (state [`JobState::Failed`]).
+    pub error: Option<String>,
 }
 
 /// How many jobs are in each state.
@@ -142,6 +154,20 @@ pub struct QueueCounts {
     pub leased: u64,
     /// Completed.
     pub done: u64,
+    /// Given up.
+    pub failed: u64,
+}
+
+impl QueueCounts {
+    /// Adds one job in `state`.
+    pub(crate) fn add(&mut self, state: JobState, n: u64) {
+        match state {
+            JobState::Queued => self.queued += n,
+            JobState::Leased => self.leased += n,
+            JobState::Done => self.done += n,
+            JobState::Failed => self.failed += n,
+        }
+    }
 }
 
 /// A queue of runs leased to workers. Implemented by [`crate::PostgresStore`] (using
@@ -149,21 +175,32 @@ pub struct QueueCounts {
 /// machine) and [`MemoryRunQueue`].
 #[async_trait]
 pub trait RunQueue: Send + Sync {
-    /// Adds a job for `thread_id` (idempotent per active thread, see the module docs).
+    /// Adds a new job for `thread_id`; it runs after every earlier unfinished job of the
+    /// same thread.
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError>;
 
     /// Leases the oldest ready job to `worker_id` for `ttl`, or `None` when nothing is
-    /// ready. Never hands a job to two workers while a lease on it is valid.
+    /// ready. A job is ready when it is the oldest unfinished job of its thread and is
+    /// queued (and its `retry_later` delay has passed) or its lease expired. Never hands a
+    /// job to two workers while a lease on it is valid, nor leases two jobs of one thread.
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError>;
 
     /// Extends a valid lease to `ttl` from now; returns the lease with its new expiry.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError>;
 
-    /// Finishes the job (or re-queues it when it was enqueued again meanwhile).
+    /// Finishes the job (`done`); the thread's next job becomes ready.
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError>;
 
     /// Gives the job back to the queue at once (e.g. on worker shutdown).
     async fn release(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// Gives the job back, ready again once `delay` has passed (still ahead of its
+    /// thread's later jobs).
+    async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError>;
+
+    /// Gives the job up (`failed`, with `error` kept for [`RunQueue::job`]); the thread's
+    /// next job becomes ready.
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError>;
 
     /// Looks a job up.
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError>;
@@ -180,6 +217,26 @@ pub(crate) fn ttl_ns(ttl: Duration) -> Result<i64, QueueError> {
         ));
     }
     Ok(ns)
+}
+
+/// A `retry_later` delay in nanoseconds (zero allowed).
+pub(crate) fn delay_ns(delay: Duration) -> i64 {
+    i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// At most this many bytes of a failure reason are kept.
+pub(crate) const MAX_ERROR_BYTES: usize = 4096;
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary.
+pub(crate) fn capped_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_string();
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", error.get(..end).unwrap_or_default())
 }
 
 pub(crate) fn backend(operation: &str, error: impl std::fmt::Display) -> QueueError {

@@ -1,6 +1,9 @@
 //! The run queue on Postgres: `acquire` locks the oldest ready job with
-//! `FOR UPDATE SKIP LOCKED`, so concurrent workers never wait on nor share a job. Lease
-//! times use the database clock, so workers on machines with skewed clocks agree.
+//! `FOR UPDATE SKIP LOCKED`, so concurrent workers never wait on nor share a job. A job is
+//! ready only when no older job of its thread is unfinished (whatever its lock state), so
+//! two workers never lease two jobs of one thread; the unique index
+//! `run_queue_one_lease_per_thread` backs that up. Lease times use the database clock, so
+//! workers on machines with skewed clocks agree.
 
 use std::time::Duration;
 
@@ -11,8 +14,8 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker,
-    to_u32, to_u64, ttl_ns,
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, capped_error,
+    check_worker, delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::PostgresStore;
 
@@ -53,8 +56,7 @@ impl RunQueue for PostgresStore {
             .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
         sqlx::query_scalar(
             "INSERT INTO run_queue (thread_id, payload, state) VALUES ($1, $2::text::json, 'queued') \
-             ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = EXCLUDED.payload, \
-             rerun = (run_queue.state = 'leased'), updated_at = now() RETURNING job_id",
+             RETURNING job_id",
         )
         .bind(thread_id)
         .bind(body)
@@ -67,10 +69,14 @@ impl RunQueue for PostgresStore {
         check_worker(worker_id)?;
         let row = sqlx::query(
             "UPDATE run_queue SET state = 'leased', worker_id = $1, lease_token = lease_token + 1, \
-             lease_expires_at = now() + ($2::float8 * interval '1 microsecond'), attempts = attempts + 1, \
-             updated_at = now() \
-             WHERE job_id = (SELECT job_id FROM run_queue WHERE state = 'queued' \
-             OR (state = 'leased' AND lease_expires_at <= now()) ORDER BY job_id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             lease_expires_at = now() + ($2::float8 * interval '1 microsecond'), ready_at = NULL, \
+             attempts = attempts + 1, updated_at = now() \
+             WHERE job_id = (SELECT q.job_id FROM run_queue q \
+             WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= now())) \
+             OR (q.state = 'leased' AND q.lease_expires_at <= now())) \
+             AND NOT EXISTS (SELECT 1 FROM run_queue e WHERE e.thread_id = q.thread_id \
+             AND e.state IN ('queued', 'leased') AND e.job_id < q.job_id) \
+             ORDER BY q.job_id LIMIT 1 FOR UPDATE OF q SKIP LOCKED) \
              RETURNING job_id, thread_id, payload::text AS payload, lease_token, lease_expires_at, attempts",
         )
         .bind(worker_id)
@@ -106,16 +112,31 @@ impl RunQueue for PostgresStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, "CASE WHEN rerun THEN 'queued' ELSE 'done' END").await
+        finish(self, lease, JobState::Done, None, None).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, "'queued'").await
+        finish(self, lease, JobState::Queued, None, None).await
+    }
+
+    async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None).await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Failed,
+            None,
+            Some(capped_error(error)),
+        )
+        .await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
         let row = sqlx::query(
-            "SELECT job_id, thread_id, state, worker_id, lease_token, attempts FROM run_queue WHERE job_id = $1",
+            "SELECT job_id, thread_id, state, worker_id, lease_token, attempts, error FROM run_queue WHERE job_id = $1",
         )
         .bind(job_id)
         .fetch_optional(&self.pool)
@@ -133,6 +154,7 @@ impl RunQueue for PostgresStore {
             attempts: to_u32(i64::from(
                 row.try_get::<i32, _>("attempts").map_err(decode)?,
             )),
+            error: row.try_get("error").map_err(decode)?,
         }))
     }
 
@@ -144,33 +166,37 @@ impl RunQueue for PostgresStore {
                 .map_err(|e| backend("postgres counts", e))?;
         let mut counts = QueueCounts::default();
         for (state, n) in rows {
-            match JobState::parse(&state)? {
-                JobState::Queued => counts.queued = to_u64(n),
-                JobState::Leased => counts.leased = to_u64(n),
-                JobState::Done => counts.done = to_u64(n),
-            }
+            counts.add(JobState::parse(&state)?, to_u64(n));
         }
         Ok(counts)
     }
 }
 
-/// Ends a held lease, moving the job to `next_state` (an SQL expression from this module).
+/// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
+/// keeping `error` when given.
 async fn finish(
     store: &PostgresStore,
     lease: &Lease,
-    next_state: &'static str,
+    state: JobState,
+    ready_in: Option<Duration>,
+    error: Option<String>,
 ) -> Result<(), QueueError> {
-    let sql = format!(
-        "UPDATE run_queue SET state = {next_state}, rerun = FALSE, lease_expires_at = NULL, updated_at = now() \
-         WHERE job_id = $1 AND lease_token = $2 AND state = 'leased' AND lease_expires_at > now()"
-    );
-    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(lease.job_id)
-        .bind(token(lease))
-        .execute(&store.pool)
-        .await
-        .map_err(|e| backend("postgres finish lease", e))?
-        .rows_affected();
+    // NULL delay = ready now.
+    let ready_micros = ready_in.map(|delay| delay_ns(delay) / 1000);
+    let done = sqlx::query(
+        "UPDATE run_queue SET state = $1, ready_at = now() + ($2::float8 * interval '1 microsecond'), \
+         error = $3, lease_expires_at = NULL, updated_at = now() \
+         WHERE job_id = $4 AND lease_token = $5 AND state = 'leased' AND lease_expires_at > now()",
+    )
+    .bind(state.as_str())
+    .bind(ready_micros)
+    .bind(error)
+    .bind(lease.job_id)
+    .bind(token(lease))
+    .execute(&store.pool)
+    .await
+    .map_err(|e| backend("postgres finish lease", e))?
+    .rows_affected();
     if done == 0 {
         return Err(QueueError::LeaseLost {
             job_id: lease.job_id,

@@ -1,8 +1,8 @@
 //! The run queue on SQLite. Each update is a single statement run by the store's writer
 //! thread (inside its group transaction, like appends); SQLite serializes writers, so
 //! `acquire` (one `UPDATE ... WHERE job_id = (SELECT ... LIMIT 1) RETURNING`) can never
-//! hand one job to two workers, in this process or another. Lookups use the read pool.
-//! Lease times use this process's clock.
+//! hand one job to two workers, nor two jobs of one thread, in this process or another.
+//! Lookups use the read pool. Lease times use this process's clock.
 
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, check_worker,
-    to_u32, to_u64, ttl_ns,
+    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, capped_error,
+    check_worker, delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::SqliteStore;
 
@@ -80,9 +80,8 @@ impl RunQueue for SqliteStore {
         self.writer
             .call(AppendDurability::Default, move |conn: &Connection| {
                 conn.prepare_cached(
-                    "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) VALUES (?1, ?2, 'queued', ?3, ?3) \
-                     ON CONFLICT (thread_id) WHERE state IN ('queued', 'leased') DO UPDATE SET payload = excluded.payload, \
-                     rerun = (run_queue.state = 'leased'), updated_at = excluded.updated_at RETURNING job_id",
+                    "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) \
+                     VALUES (?1, ?2, 'queued', ?3, ?3) RETURNING job_id",
                 )
                 .and_then(|mut stmt| stmt.query_row(params![thread, body, now], |row| row.get(0)))
                 .map_err(|e| backend("sqlite enqueue", e))
@@ -100,9 +99,13 @@ impl RunQueue for SqliteStore {
             .call(AppendDurability::Default, move |conn: &Connection| {
                 conn.prepare_cached(
                     "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
-                     lease_expires_at = ?2, attempts = attempts + 1, updated_at = ?3 \
-                     WHERE job_id = (SELECT job_id FROM run_queue WHERE state = 'queued' \
-                     OR (state = 'leased' AND lease_expires_at <= ?3) ORDER BY job_id LIMIT 1) \
+                     lease_expires_at = ?2, ready_at = NULL, attempts = attempts + 1, updated_at = ?3 \
+                     WHERE job_id = (SELECT q.job_id FROM run_queue q \
+                     WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= ?3)) \
+                     OR (q.state = 'leased' AND q.lease_expires_at <= ?3)) \
+                     AND NOT EXISTS (SELECT 1 FROM run_queue e WHERE e.thread_id = q.thread_id \
+                     AND e.state IN ('queued', 'leased') AND e.job_id < q.job_id) \
+                     ORDER BY q.job_id LIMIT 1) \
                      RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
                 )
                 .and_then(|mut stmt| {
@@ -145,16 +148,31 @@ impl RunQueue for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, "CASE WHEN rerun THEN 'queued' ELSE 'done' END").await
+        finish(self, lease, JobState::Done, None, None).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, "'queued'").await
+        finish(self, lease, JobState::Queued, None, None).await
+    }
+
+    async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None).await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Failed,
+            None,
+            Some(capped_error(error)),
+        )
+        .await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
         let row = sqlx::query(
-            "SELECT job_id, thread_id, state, worker_id, lease_token, attempts FROM run_queue WHERE job_id = ?1",
+            "SELECT job_id, thread_id, state, worker_id, lease_token, attempts, error FROM run_queue WHERE job_id = ?1",
         )
         .bind(job_id)
         .fetch_optional(&self.pool)
@@ -170,6 +188,7 @@ impl RunQueue for SqliteStore {
             worker_id: row.try_get("worker_id").map_err(decode)?,
             token: to_u64(row.try_get("lease_token").map_err(decode)?),
             attempts: to_u32(row.try_get("attempts").map_err(decode)?),
+            error: row.try_get("error").map_err(decode)?,
         }))
     }
 
@@ -181,33 +200,36 @@ impl RunQueue for SqliteStore {
                 .map_err(|e| backend("sqlite counts", e))?;
         let mut counts = QueueCounts::default();
         for (state, n) in rows {
-            match JobState::parse(&state)? {
-                JobState::Queued => counts.queued = to_u64(n),
-                JobState::Leased => counts.leased = to_u64(n),
-                JobState::Done => counts.done = to_u64(n),
-            }
+            counts.add(JobState::parse(&state)?, to_u64(n));
         }
         Ok(counts)
     }
 }
 
-/// Ends a held lease, moving the job to `next_state` (an SQL expression from this module).
+/// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
+/// keeping `error` when given.
 async fn finish(
     store: &SqliteStore,
     lease: &Lease,
-    next_state: &'static str,
+    state: JobState,
+    ready_in: Option<Duration>,
+    error: Option<String>,
 ) -> Result<(), QueueError> {
-    let sql = format!(
-        "UPDATE run_queue SET state = {next_state}, rerun = 0, lease_expires_at = NULL, updated_at = ?1 \
-         WHERE job_id = ?2 AND lease_token = ?3 AND state = 'leased' AND lease_expires_at > ?1"
-    );
-    let (now, job_id, token) = (now_ns(), lease.job_id, token(lease));
+    let now = now_ns();
+    let ready_at = ready_in.map(|delay| now.saturating_add(delay_ns(delay)));
+    let (job_id, token) = (lease.job_id, token(lease));
     let done = store
         .writer
         .call(AppendDurability::Default, move |conn: &Connection| {
-            conn.prepare_cached(&sql)
-                .and_then(|mut stmt| stmt.execute(params![now, job_id, token]))
-                .map_err(|e| backend("sqlite finish lease", e))
+            conn.prepare_cached(
+                "UPDATE run_queue SET state = ?1, ready_at = ?2, error = ?3, lease_expires_at = NULL, \
+                 updated_at = ?4 WHERE job_id = ?5 AND lease_token = ?6 AND state = 'leased' \
+                 AND lease_expires_at > ?4",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![state.as_str(), ready_at, error, now, job_id, token])
+            })
+            .map_err(|e| backend("sqlite finish lease", e))
         })
         .await?;
     if done == 0 {

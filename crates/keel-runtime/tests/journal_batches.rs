@@ -1,0 +1,272 @@
+//! The journal's commits: events after which nothing leaves the process are staged and
+//! reach the store with the next append, so a one-tool run commits 4 batches instead of
+//! 8 — and still every event is stored before the action that follows it (checked by a
+//! model and a tool that look into the store when they are called). An append that fails
+//! while events are staged leaves the thread "diverged"; the next run reloads it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use keel_core::store::{ThreadFilter, ThreadSummary};
+use keel_core::{
+    AppendDurability, DynTool, Effect, EndState, Event, EventKind, EventStore, MemoryStore,
+    Message, StoreError, ToolContext, ToolError, ToolRegistry, ToolSpec,
+};
+use keel_runtime::{Agent, RunContext, RunError, Thread};
+use keel_testkit::{ScriptStep, ScriptedModel};
+use serde_json::{Value, json};
+
+/// A memory store that records each append's event kinds and can fail the next append.
+#[derive(Default)]
+struct RecordingStore {
+    inner: MemoryStore,
+    batches: Mutex<Vec<(Vec<String>, AppendDurability)>>,
+    fail_next: AtomicBool,
+}
+
+fn kind_name(event: &Event) -> String {
+    event.kind.name().to_string()
+}
+
+#[async_trait]
+impl EventStore for RecordingStore {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        self.append_with(
+            thread_id,
+            expected_next_seq,
+            events,
+            AppendDurability::Default,
+        )
+        .await
+    }
+
+    async fn append_with(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected append failure".into()));
+        }
+        self.inner
+            .append(thread_id, expected_next_seq, events)
+            .await?;
+        self.batches
+            .lock()
+            .unwrap()
+            .push((events.iter().map(kind_name).collect(), durability));
+        Ok(())
+    }
+
+    async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.inner.load(thread_id).await
+    }
+
+    async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
+        self.inner.list_threads(filter).await
+    }
+
+    async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
+        self.inner.delete_thread(thread_id).await
+    }
+}
+
+/// A tool that, when called, records how many of the thread's events are in the store
+/// and whether the model's request for it is among them.
+struct Probe {
+    spec: ToolSpec,
+    store: Arc<RecordingStore>,
+    thread_id: String,
+    seen_requested: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl DynTool for Probe {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call<'a>(
+        &'a self,
+        _args: Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let stored = self.store.load(&self.thread_id).await.unwrap();
+            let requested = stored
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::ToolCallRequested { .. }));
+            let started = stored
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::ToolCallStarted { .. }));
+            self.seen_requested
+                .store(requested && started, Ordering::SeqCst);
+            Ok(json!({"ok": true}))
+        })
+    }
+}
+
+fn probe_agent(
+    store: &Arc<RecordingStore>,
+    thread_id: &str,
+    effect: Effect,
+    model: Arc<ScriptedModel>,
+) -> (Agent, Arc<AtomicBool>, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let probe = Probe {
+        spec: ToolSpec::new(
+            "probe",
+            "Looks into the store.",
+            "Records what the store holds.\n\nRules:\n- test only",
+        )
+        .with_effect(effect),
+        store: store.clone(),
+        thread_id: thread_id.to_string(),
+        seen_requested: seen.clone(),
+        calls: calls.clone(),
+    };
+    let mut tools = ToolRegistry::new();
+    tools.register(Arc::new(probe)).unwrap();
+    (
+        Agent::builder("test", model).tools(tools).build(),
+        seen,
+        calls,
+    )
+}
+
+fn one_tool_script() -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("probe", json!({})),
+        ScriptStep::text("done"),
+    ]))
+}
+
+#[tokio::test]
+async fn a_one_tool_run_commits_four_batches_each_before_its_action() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let model = one_tool_script();
+    let (agent, seen, calls) = probe_agent(&store, thread.id(), Effect::ReadOnly, model.clone());
+    let outcome = agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        seen.load(Ordering::SeqCst),
+        "the tool ran before its request and start were stored"
+    );
+    let batches: Vec<Vec<String>> = store
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(kinds, _)| kinds.clone())
+        .collect();
+    assert_eq!(
+        batches,
+        vec![
+            vec!["run_started", "user_message", "model_requested"],
+            vec![
+                "model_responded",
+                "tool_call_requested",
+                "tool_call_started"
+            ],
+            vec!["tool_call_finished", "model_requested"],
+            vec!["model_responded", "run_ended"],
+        ],
+        "unexpected commits"
+    );
+    // The log is the same as an unbatched run's: contiguous and complete.
+    let events = store.load(thread.id()).await.unwrap();
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event.seq, i as u64);
+    }
+    assert_eq!(thread.state().next_seq(), events.len() as u64);
+}
+
+#[tokio::test]
+async fn a_mutating_result_is_committed_on_its_own_and_its_start_is_synchronous() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let (agent, seen, _) = probe_agent(&store, thread.id(), Effect::Mutating, one_tool_script());
+    agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert!(seen.load(Ordering::SeqCst));
+    let batches = store.batches.lock().unwrap().clone();
+    let start = batches
+        .iter()
+        .find(|(kinds, _)| kinds.contains(&"tool_call_started".to_string()))
+        .unwrap();
+    assert_eq!(start.1, AppendDurability::Sync);
+    let finished = batches
+        .iter()
+        .find(|(kinds, _)| kinds.contains(&"tool_call_finished".to_string()))
+        .unwrap();
+    assert_eq!(
+        finished.0,
+        vec!["tool_call_finished".to_string()],
+        "a mutating call's result waits for nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_append_with_staged_events_reloads_the_thread_before_the_next_run() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let (agent, _, calls) = probe_agent(&store, thread.id(), Effect::ReadOnly, one_tool_script());
+    // The first append carries the staged RunStarted + UserMessage: make it fail.
+    store.fail_next.store(true, Ordering::SeqCst);
+    let failed = agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Store(StoreError::Backend(_)))),
+        "{failed:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing ran");
+    assert!(store.load(thread.id()).await.unwrap().is_empty());
+    // The in-memory thread folded events the store never got; the next run must not
+    // build on them (it would append at a seq the store does not have).
+    let outcome = agent
+        .run(vec![Message::user("go again")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    let events = store.load(thread.id()).await.unwrap();
+    assert_eq!(events[0].seq, 0);
+    assert!(matches!(events[0].kind, EventKind::RunStarted { .. }));
+    let users: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::UserMessage { message } => Some(message.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, vec!["go again".to_string()]);
+    assert_eq!(thread.state().next_seq(), events.len() as u64);
+}
