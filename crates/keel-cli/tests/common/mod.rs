@@ -36,11 +36,26 @@ impl Rng {
 /// Spawns a command and SIGKILLs it after `after`; returns whether it was killed before it
 /// exited on its own.
 pub fn run_and_kill(mut command: Command, after: Duration) -> bool {
-    let mut child = command
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    kill_after(child, after)
+}
+
+/// Like [`run_and_kill`], but the child's stderr goes to the file `stderr_log`, so what it
+/// reported before the kill (e.g. `keel run`'s live tool lines, printed only after the
+/// event is appended) can be read afterwards.
+pub fn run_and_kill_logged(mut command: Command, after: Duration, stderr_log: &Path) -> bool {
+    let log = std::fs::File::create(stderr_log).unwrap();
+    let child = command.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    kill_after(child, after)
+}
+
+/// SIGKILLs `child` once `after` has passed since now, unless it exits first; returns
+/// whether it was killed.
+fn kill_after(mut child: Child, after: Duration) -> bool {
     let started = Instant::now();
     while started.elapsed() < after {
         if child.try_wait().unwrap().is_some() {
