@@ -179,8 +179,9 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
 }
 
 /// Continues the run in progress on a loaded thread with the agent its log records
-/// (explicit `flags` override it); when its last run already ended, returns that run's
-/// outcome.
+/// (explicit `flags` override it) — or, when its last run ended `failed` on a retryable
+/// model error, continues the conversation in a new run; when the last run ended
+/// otherwise, returns that run's outcome.
 pub async fn continue_thread(
     flags: &AgentArgs,
     store: Arc<dyn EventStore>,
@@ -191,8 +192,9 @@ pub async fn continue_thread(
     continue_with(&spec, store, thread, output).await
 }
 
-/// Continues the run in progress on `thread` with the agent `spec` builds (a scripted
-/// model continues at the step the run reached).
+/// Continues the run in progress on `thread` (or the resumable failed run, see
+/// [`continue_thread`]) with the agent `spec` builds (a scripted model continues at the
+/// step the run reached).
 async fn continue_with(
     spec: &AgentSpec,
     store: Arc<dyn EventStore>,
@@ -205,6 +207,7 @@ async fn continue_with(
             "thread {thread_id} has no run to resume"
         )));
     };
+    let mut steps = agents::consumed_steps(thread.run_events(), &run.run_id);
     if let Some(end_state) = run.ended {
         let outcome = RunOutcome::from_run_events(
             &thread_id,
@@ -212,10 +215,19 @@ async fn continue_with(
             thread.run_events(),
             RunStatus::Ended { end_state },
         );
-        return Ok((outcome, None));
+        if !outcome.resumable {
+            return Ok((outcome, None));
+        }
+        eprintln!(
+            "keel: run {} ended failed on a retryable model error; continuing the conversation in a new run",
+            outcome.run_id
+        );
+    }
+    if spec.script.is_some() {
+        steps = script_steps(store.as_ref(), &thread, steps).await?;
     }
     let built = spec
-        .build(agents::consumed_steps(thread.run_events(), &run.run_id))
+        .build(steps)
         .map_err(|e| rebuild_error(&thread_id, e))?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
@@ -226,6 +238,49 @@ async fn continue_with(
         .await
         .map_err(agents::run_error)?;
     Ok((outcome, built.scripted))
+}
+
+/// The script step a resumed run continues at: the model answers of its run plus those of
+/// every earlier run it continues (`run_continued` notices), which consumed steps of the
+/// same script.
+async fn script_steps(
+    store: &dyn EventStore,
+    thread: &Thread,
+    latest: usize,
+) -> Result<usize, CliError> {
+    let continues = |events: &[keel_core::Event]| {
+        events.iter().find_map(|e| match &e.kind {
+            keel_core::EventKind::Notice { code, data, .. }
+                if code == keel_runtime::runner::RUN_CONTINUED_NOTICE =>
+            {
+                data.as_ref()
+                    .and_then(|d| d.get("continues"))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            }
+            _ => None,
+        })
+    };
+    let mut previous = continues(thread.run_events());
+    if previous.is_none() {
+        return Ok(latest);
+    }
+    let events = store
+        .load(thread.id())
+        .await
+        .map_err(|e| CliError::failure(format!("cannot load thread {}: {e}", thread.id())))?;
+    let mut steps = latest;
+    let mut seen = std::collections::HashSet::new();
+    while let Some(run_id) = previous.filter(|id| seen.insert(id.clone())) {
+        steps += agents::consumed_steps(&events, &run_id);
+        let run: Vec<keel_core::Event> = events
+            .iter()
+            .filter(|e| e.run_id == run_id)
+            .cloned()
+            .collect();
+        previous = continues(&run);
+    }
+    Ok(steps)
 }
 
 /// A failure to rebuild a run's agent, said in terms of the thread.

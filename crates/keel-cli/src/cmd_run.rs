@@ -84,6 +84,12 @@ pub fn report(
                     outcome.thread_id, outcome.thread_id
                 );
             }
+            if outcome.resumable {
+                eprintln!(
+                    "[the model kept failing with a retryable error; continue with `keel resume {}`]",
+                    outcome.thread_id
+                );
+            }
         }
     }
     Ok(output::exit_code(outcome))

@@ -64,9 +64,15 @@ impl RunObserver for TextPrinter {
                 eprintln!("? approval needed for {name} {arguments} (call {call_id})");
             }
             EventKind::ModelFailed { error, .. } => {
-                eprintln!("model error: {}: {}", error.kind, error.message);
+                eprintln!(
+                    "model error: {}: {}",
+                    error.kind,
+                    crate::redaction::for_stderr(&error.message)
+                );
             }
-            EventKind::Notice { message, .. } => eprintln!("note: {message}"),
+            EventKind::Notice { message, .. } => {
+                eprintln!("note: {}", crate::redaction::for_stderr(message));
+            }
             EventKind::ModelResponded { message, .. } if !message.text().is_empty() => println!(),
             EventKind::RunEnded {
                 end_state, reason, ..
@@ -127,6 +133,7 @@ pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
         "action_item": outcome.action_item,
         "alert": outcome.alert,
         "clarification": outcome.clarification,
+        "resumable": outcome.resumable,
     });
     if let Some(map) = object.as_object_mut() {
         match &outcome.status {

@@ -11,7 +11,7 @@ use crate::analyze::{Analysis, Reporter, Seg, analyze};
 use crate::diagnostic::{Diagnostic, DiagnosticCode, Severity, nearest};
 use crate::env::{load_dotenv, process_env};
 use crate::load::{DEFAULT_FILE, resolve_path};
-use crate::schema::{BUILTIN_PROVIDERS, KeelConfig, split_spec};
+use crate::schema::{BUILTIN_PROVIDERS, KeelConfig, RetrySettings, split_spec};
 
 /// Checks the configuration `keel` would use from the current directory: `path`
 /// (`--config FILE`) or `./keel.toml`. `.env` is loaded first. Reports every problem.
@@ -129,7 +129,30 @@ pub(crate) fn semantic(
             out.push(d);
         }
     }
+    for (alias, model) in &config.models {
+        if let Some(retry) = &model.retry {
+            out.extend(
+                retry_problems(retry, &["models", alias, "retry"])
+                    .into_iter()
+                    .map(|(path, message)| error(DiagnosticCode::InvalidValue, path, message)),
+            );
+        }
+        if model.call_timeout_ms == Some(0) {
+            out.push(error(
+                DiagnosticCode::InvalidValue,
+                keys(&["models", alias, "call_timeout_ms"]),
+                format!("`models.{alias}.call_timeout_ms` must be at least 1 (milliseconds)"),
+            ));
+        }
+    }
     for (name, provider) in &config.providers {
+        if let Some(retry) = &provider.retry {
+            out.extend(
+                retry_problems(retry, &["providers", name, "retry"])
+                    .into_iter()
+                    .map(|(path, message)| error(DiagnosticCode::InvalidValue, path, message)),
+            );
+        }
         let builtin = BUILTIN_PROVIDERS.contains(&name.as_str());
         match provider.kind.as_deref() {
             Some(kind) if !BUILTIN_PROVIDERS.contains(&kind) => out.push(error(
@@ -236,6 +259,42 @@ pub(crate) fn semantic(
             ),
         ));
     }
+}
+
+/// Values of a retry section no retry loop can use, with their key paths.
+fn retry_problems(retry: &RetrySettings, at: &[&str]) -> Vec<(Vec<Seg>, String)> {
+    let mut problems = Vec::new();
+    let key = |field: &str| {
+        let mut path: Vec<&str> = at.to_vec();
+        path.push(field);
+        (keys(&path), path.join("."))
+    };
+    if retry.max_attempts == Some(0) {
+        let (path, shown) = key("max_attempts");
+        problems.push((
+            path,
+            format!("`{shown}` must be at least 1 (1 = no retries)"),
+        ));
+    }
+    if let Some(factor) = retry.factor
+        && !(factor.is_finite() && factor >= 1.0)
+    {
+        let (path, shown) = key("factor");
+        problems.push((
+            path,
+            format!("`{shown}` = {factor} must be a number of at least 1.0"),
+        ));
+    }
+    if let (Some(initial), Some(max)) = (retry.initial_delay_ms, retry.max_delay_ms)
+        && initial > max
+    {
+        let (path, shown) = key("initial_delay_ms");
+        problems.push((
+            path,
+            format!("`{shown}` = {initial} is larger than `max_delay_ms` = {max}"),
+        ));
+    }
+    problems
 }
 
 fn did_you_mean(given: &str, candidates: &[&str]) -> String {

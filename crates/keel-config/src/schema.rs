@@ -90,7 +90,8 @@ pub struct ProviderConfig {
     pub retry: Option<RetrySettings>,
 }
 
-/// `[providers.<name>.retry]`.
+/// `[providers.<name>.retry]` and `[models.<alias>] retry`: the retry budget of model
+/// calls. Unset fields keep the provider's (then the built-in) values.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetrySettings {
@@ -102,6 +103,9 @@ pub struct RetrySettings {
     pub max_delay_ms: Option<u64>,
     /// Growth factor between attempts.
     pub factor: Option<f64>,
+    /// The longest server-requested wait (`retry-after`) honoured, in milliseconds; a
+    /// longer one is not waited for.
+    pub max_retry_after_ms: Option<u64>,
 }
 
 /// `[models.<alias>]`.
@@ -118,6 +122,12 @@ pub struct ModelConfig {
     pub context_window: Option<u32>,
     /// Overrides the built-in price of the model.
     pub pricing: Option<PricingOverride>,
+    /// The retry budget of this model's calls (over `[providers.<name>.retry]`), e.g.
+    /// `retry = { max_attempts = 8, initial_delay_ms = 200 }`.
+    pub retry: Option<RetrySettings>,
+    /// Overall deadline of one call of this model, retries and their waits included, in
+    /// milliseconds (default 600000).
+    pub call_timeout_ms: Option<u64>,
 }
 
 /// `[models.<alias>.pricing]`, USD per million tokens.

@@ -403,3 +403,56 @@ fn syntax_errors_have_positions() {
     assert_eq!(diagnostics[0].code, DiagnosticCode::Syntax);
     assert_eq!(diagnostics[0].line, Some(1));
 }
+
+/// Issue 14, defect 17: the retry budget (and the call deadline) of one model is set in
+/// its `[models.<alias>]` entry; values no retry loop can use are errors naming the key.
+#[test]
+fn per_model_retry_budget_and_call_timeout() {
+    let text = r#"
+[models.flaky]
+model = "openai:gpt-4o-mini"
+retry = { max_attempts = 8, initial_delay_ms = 100, max_retry_after_ms = 5000 }
+call_timeout_ms = 90000
+
+[models.broken]
+model = "anthropic:claude-sonnet-4-5"
+retry = { max_attempts = 0, factor = 0.5, initial_delay_ms = 900, max_delay_ms = 100 }
+call_timeout_ms = 0
+"#;
+    let diagnostics = check_str(text, "keel.toml", Path::new("."), &env_of(&[]));
+    let rendered = render_text(&diagnostics);
+    let keys: Vec<&str> = diagnostics
+        .iter()
+        .filter_map(|d| d.key.as_deref())
+        .collect();
+    for key in [
+        "models.broken.retry.max_attempts",
+        "models.broken.retry.factor",
+        "models.broken.retry.initial_delay_ms",
+        "models.broken.call_timeout_ms",
+    ] {
+        assert!(keys.contains(&key), "nothing for `{key}` in:\n{rendered}");
+    }
+    assert!(
+        diagnostics
+            .iter()
+            .all(|d| d.code == DiagnosticCode::InvalidValue
+                && d.key
+                    .as_deref()
+                    .is_some_and(|k| k.starts_with("models.broken"))),
+        "{rendered}"
+    );
+    let good = text.split("[models.broken]").next().unwrap();
+    let config = KeelConfig::from_toml_str(good).unwrap();
+    let flaky = &config.models["flaky"];
+    let retry = flaky.retry.as_ref().unwrap();
+    assert_eq!(retry.max_attempts, Some(8));
+    assert_eq!(retry.initial_delay_ms, Some(100));
+    assert_eq!(retry.max_retry_after_ms, Some(5000));
+    assert_eq!(retry.max_delay_ms, None);
+    assert_eq!(flaky.call_timeout_ms, Some(90_000));
+    assert!(
+        KeelConfig::from_toml_str(text).is_err(),
+        "invalid values block loading"
+    );
+}

@@ -145,7 +145,10 @@ impl Agent {
         runner::check_resumable(self, thread)
     }
 
-    /// Continues the run in progress on `thread` (after a pause or a crash). Fails with
+    /// Continues the run in progress on `thread` (after a pause or a crash) — or, when the
+    /// thread's last run ended `failed` because a model call failed on a retryable error
+    /// ([`RunOutcome::resumable`]), continues the conversation in a new run that records
+    /// which run it continues (`run_continued` notice). Fails with
     /// [`RunError::IncompatibleAgent`], before any model call, when this agent cannot
     /// continue it (see [`Agent::check_resumable`]).
     pub async fn resume(

@@ -1,6 +1,7 @@
 //! What a run returns: its status and a summary folded from the run's events (the shape
 //! behind `keel run --output json`), and the errors that stop a run from being driven.
 
+use keel_core::event::ModelFailure;
 use keel_core::{EndState, Event, EventKind, StoreError, ToolErrorCode, Usage};
 use serde::{Deserialize, Serialize};
 
@@ -108,6 +109,34 @@ pub struct RunOutcome {
     pub alert: bool,
     /// The open question, when the run ended `clarify_needed`.
     pub clarification: Option<Clarification>,
+    /// Whether [`crate::Agent::resume`] (`keel resume THREAD`) can continue the run: it
+    /// ended `failed` because a model call failed on a retryable error (rate limit,
+    /// overload, 5xx, network, timeout, interrupted stream) after its retries.
+    #[serde(default)]
+    pub resumable: bool,
+}
+
+/// The model failure that ended a run `failed` when waiting and trying again can help:
+/// the run's last model call failed with a retryable error, no policy stopped the run, and
+/// it ended `failed`. Such a run is continued by [`crate::Agent::resume`].
+pub fn retryable_failure(run_events: &[Event]) -> Option<&ModelFailure> {
+    let mut failure = None;
+    let mut ended_failed = false;
+    for event in run_events {
+        match &event.kind {
+            EventKind::ModelFailed { error, .. } => failure = Some(error),
+            EventKind::ModelResponded { .. } => failure = None,
+            EventKind::PolicyApplied {
+                decision: keel_core::PolicyDecision::Stop { .. },
+                ..
+            } => return None,
+            EventKind::RunEnded { end_state, .. } => {
+                ended_failed = *end_state == EndState::Failed;
+            }
+            _ => {}
+        }
+    }
+    failure.filter(|f| ended_failed && f.kind.is_retryable())
 }
 
 /// A question the agent asked the user.
@@ -152,6 +181,7 @@ impl RunOutcome {
             action_item: None,
             alert: false,
             clarification: None,
+            resumable: false,
         };
         let mut arguments: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for event in events.iter().filter(|e| e.run_id == run_id) {
@@ -235,6 +265,16 @@ impl RunOutcome {
                 _ => {}
             }
         }
+        outcome.resumable = matches!(outcome.status, RunStatus::Ended { end_state } if end_state == EndState::Failed)
+            && retryable_failure(
+                // Only this run's events (the slice may start earlier).
+                events
+                    .iter()
+                    .position(|e| e.run_id == run_id)
+                    .and_then(|start| events.get(start..))
+                    .unwrap_or_default(),
+            )
+            .is_some();
         outcome
     }
 }

@@ -8,9 +8,12 @@
 //! with each provider's real error body and `retry-after` / `retry-after-ms` headers,
 //! latency, slow chunks, a dropped connection, a malformed chunk, keep-alive comments,
 //! pings, unknown event types and mid-stream errors. Every request (path, headers, parsed
-//! body) is recorded for tests to inspect. The script format is in `docs/mock-llm.md`.
+//! body) is recorded for tests to inspect — or, for long runs, handed to a callback and
+//! not kept ([`MockServerOptions`]). A script's `chaos` section ([`MockChaos`]) injects
+//! seeded random faults on top of the turns. The script format is in `docs/mock-llm.md`.
 
 mod anthropic;
+mod chaos;
 mod ollama;
 mod openai;
 mod render;
@@ -32,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+pub use chaos::{ChaosFault, MockChaos};
 pub use render::Protocol;
 pub use script::{
     MockError, MockFaults, MockScript, MockScriptError, MockStop, MockStreamError, MockToolCall,
@@ -90,9 +94,36 @@ pub enum MockLlmError {
 
 struct Inner {
     script: MockScript,
+    options: MockServerOptions,
     next_turn: AtomicUsize,
+    /// Requests received (the log may not keep them).
+    received: AtomicUsize,
     log: Mutex<Vec<MockRequest>>,
+    chaos: chaos::ChaosState,
     started: Instant,
+}
+
+/// A callback given every request as it arrives.
+pub type RequestHook = Arc<dyn Fn(&MockRequest) + Send + Sync>;
+
+/// How a server treats the requests it receives.
+#[derive(Clone, Default)]
+pub struct MockServerOptions {
+    /// Keep no request log ([`MockLlmServer::requests`] stays empty), so a long run's
+    /// memory stays flat. [`MockLlmServer::request_count`] still counts.
+    pub no_log: bool,
+    /// Called with every request as it arrives, before it is answered (e.g. to check each
+    /// request without keeping it).
+    pub on_request: Option<RequestHook>,
+}
+
+impl std::fmt::Debug for MockServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockServerOptions")
+            .field("no_log", &self.no_log)
+            .field("on_request", &self.on_request.as_ref().map(|_| "…"))
+            .finish()
+    }
 }
 
 /// A running mock LLM server. Dropping it stops the server.
@@ -125,11 +156,14 @@ fn router(inner: Arc<Inner>) -> Router {
         .with_state(inner)
 }
 
-fn new_inner(script: MockScript) -> Arc<Inner> {
+fn new_inner(script: MockScript, options: MockServerOptions) -> Arc<Inner> {
     Arc::new(Inner {
         script,
+        options,
         next_turn: AtomicUsize::new(0),
+        received: AtomicUsize::new(0),
         log: Mutex::new(Vec::new()),
+        chaos: chaos::ChaosState::default(),
         started: Instant::now(),
     })
 }
@@ -142,9 +176,18 @@ impl MockLlmServer {
 
     /// Starts a server on `port` of 127.0.0.1 (0 = any free port).
     pub async fn start_on(script: MockScript, port: u16) -> Result<Self, MockLlmError> {
+        Self::start_with(script, port, MockServerOptions::default()).await
+    }
+
+    /// Starts a server on `port` of 127.0.0.1 (0 = any free port) with `options`.
+    pub async fn start_with(
+        script: MockScript,
+        port: u16,
+        options: MockServerOptions,
+    ) -> Result<Self, MockLlmError> {
         let listener = bind(port).await?;
         let addr = listener.local_addr().map_err(MockLlmError::Serve)?;
-        let inner = new_inner(script);
+        let inner = new_inner(script, options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = router(inner.clone());
         let task = tokio::spawn(async move {
@@ -188,6 +231,16 @@ impl MockLlmServer {
     /// How many script turns have been consumed.
     pub fn turns_used(&self) -> usize {
         self.inner.next_turn.load(Ordering::SeqCst)
+    }
+
+    /// How many requests arrived (counted even when the log keeps none).
+    pub fn request_count(&self) -> usize {
+        self.inner.received.load(Ordering::SeqCst)
+    }
+
+    /// The faults the script's `chaos` section injected so far, by kind.
+    pub fn faults_injected(&self) -> BTreeMap<ChaosFault, u64> {
+        self.inner.chaos.injected()
     }
 
     /// Stops the server and waits (at most two seconds) for it to finish.
@@ -241,10 +294,13 @@ pub async fn serve_until(
         let _ = writeln!(out, "mock-llm listening on http://{addr}");
         let _ = out.flush();
     }
-    axum::serve(listener, router(new_inner(script)))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(MockLlmError::Serve)
+    axum::serve(
+        listener,
+        router(new_inner(script, MockServerOptions::default())),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(MockLlmError::Serve)
 }
 
 fn protocol_for(path: &str, headers: &HeaderMap) -> Option<Protocol> {
@@ -352,13 +408,14 @@ async fn handle(
     } else {
         None
     };
-    let seq = {
+    let (seq, hooked) = {
+        // Numbered under the log's lock so that, when logged, `seq` is the log position.
         let mut log = match inner.log.lock() {
             Ok(log) => log,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let seq = log.len() + 1;
-        log.push(MockRequest {
+        let seq = inner.received.fetch_add(1, Ordering::SeqCst) + 1;
+        let request = MockRequest {
             seq,
             protocol,
             method: method.to_string(),
@@ -367,9 +424,21 @@ async fn handle(
             body: body.clone(),
             turn: turn_index,
             received_ms: u64::try_from(inner.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        });
-        seq
+        };
+        let hooked = inner.options.on_request.is_some();
+        let hooked = if inner.options.no_log {
+            hooked.then_some(request)
+        } else {
+            let copy = hooked.then(|| request.clone());
+            log.push(request);
+            copy
+        };
+        (seq, hooked)
     };
+    // The callback runs outside the lock: it may read the log itself.
+    if let (Some(hook), Some(request)) = (&inner.options.on_request, &hooked) {
+        hook(request);
+    }
     if method == Method::GET && matches!(path.as_str(), "/" | "/health") {
         return json_response(
             StatusCode::OK,
@@ -408,13 +477,18 @@ async fn handle(
         };
         return error_response(protocol, seq, &error);
     };
-    let Some(turn) = inner.script.turns.get(turn_index) else {
+    let Some(scripted) = inner.script.turns.get(turn_index) else {
         return json_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             &json!({"error": "no such turn"}),
             vec![],
         );
     };
+    let faulty = inner.script.chaos.as_ref().and_then(|chaos| {
+        let streamed = wants_stream(protocol, &parsed);
+        inner.chaos.inject(chaos, &parsed, streamed, scripted)
+    });
+    let turn = faulty.as_ref().map_or(scripted, |(_, turn)| turn);
     let latency = turn.delay_ms.unwrap_or(turn.faults.latency_ms);
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;

@@ -7,6 +7,8 @@ use keel_core::{ModelErrorKind, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::chaos::MockChaos;
+
 /// A whole script.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct MockScript {
@@ -16,6 +18,8 @@ pub struct MockScript {
     pub when_exhausted: WhenExhausted,
     /// How a request picks its turn.
     pub turn_by: TurnBy,
+    /// Seeded random faults injected on top of the turns (none by default).
+    pub chaos: Option<MockChaos>,
 }
 
 /// How a request picks the turn that answers it.
@@ -275,25 +279,25 @@ enum ScriptFile {
         when_exhausted: WhenExhausted,
         #[serde(default)]
         turn_by: TurnBy,
+        #[serde(default)]
+        chaos: Option<MockChaos>,
     },
 }
 
 impl<'de> Deserialize<'de> for MockScript {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(match ScriptFile::deserialize(d)? {
-            ScriptFile::Turns(turns) => Self {
-                turns,
-                when_exhausted: WhenExhausted::Error,
-                turn_by: TurnBy::Sequence,
-            },
+            ScriptFile::Turns(turns) => Self::new(turns),
             ScriptFile::Object {
                 turns,
                 when_exhausted,
                 turn_by,
+                chaos,
             } => Self {
                 turns,
                 when_exhausted,
                 turn_by,
+                chaos,
             },
         })
     }
@@ -306,6 +310,7 @@ impl MockScript {
             turns,
             when_exhausted: WhenExhausted::Error,
             turn_by: TurnBy::Sequence,
+            chaos: None,
         }
     }
 
@@ -337,6 +342,12 @@ impl MockScript {
     /// Sets what happens after the last turn.
     pub fn when_exhausted(mut self, mode: WhenExhausted) -> Self {
         self.when_exhausted = mode;
+        self
+    }
+
+    /// Injects seeded random faults on top of the turns.
+    pub fn with_chaos(mut self, chaos: MockChaos) -> Self {
+        self.chaos = Some(chaos);
         self
     }
 }

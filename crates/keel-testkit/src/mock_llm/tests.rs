@@ -126,3 +126,40 @@ async fn serve_until_runs_on_a_port_and_stops() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn chaos_from_a_script_injects_counted_faults_and_the_log_can_be_skipped() {
+    let script = MockScript::from_json(
+        r#"{"turns": [{"text": "fine"}], "when_exhausted": "repeat_last",
+            "chaos": {"seed": 3, "rate": 1.0, "faults": ["rate_limited"], "max_retry_after_ms": 0}}"#,
+    )
+    .unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let options = MockServerOptions {
+        no_log: true,
+        on_request: Some(Arc::new(move |request: &MockRequest| {
+            assert_eq!(request.path, "/v1/chat/completions");
+            counter.fetch_add(1, Ordering::SeqCst);
+        })),
+    };
+    let server = MockLlmServer::start_with(script, 0, options).await.unwrap();
+    let body =
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false});
+    for _ in 0..3 {
+        let (status, text) = post(server.addr(), "/v1/chat/completions", &body).await;
+        assert_eq!(status, 429, "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("retry-after: 0"),
+            "{text}"
+        );
+    }
+    assert_eq!(server.request_count(), 3);
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    assert!(server.requests().is_empty());
+    assert_eq!(
+        server.faults_injected().get(&ChaosFault::RateLimited),
+        Some(&3)
+    );
+    server.shutdown().await;
+}
