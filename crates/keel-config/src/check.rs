@@ -173,8 +173,10 @@ pub(crate) fn semantic(
             out.push(error(
                 DiagnosticCode::InvalidValue,
                 keys(&["providers", name, "base_url"]),
+                // The value itself is not echoed: a URL may carry a password or token.
                 format!(
-                    "`providers.{name}.base_url` = `{url}` must start with http:// or https://"
+                    "`providers.{name}.base_url` (beginning `{}`) must start with http:// or https://",
+                    url.chars().take_while(|c| *c != ':' && *c != '@').take(16).collect::<String>()
                 ),
             ));
         }

@@ -109,7 +109,10 @@ async fn stop_within<T, E: std::fmt::Display>(
     match tokio::time::timeout(limit, stop).await {
         Ok(Ok(_)) => true,
         Ok(Err(error)) => {
-            eprintln!("keel chat: {what} shutdown: {error}");
+            eprintln!(
+                "{}",
+                crate::redaction::for_stderr(&format!("keel chat: {what} shutdown: {error}"))
+            );
             true
         }
         Err(_) => {
@@ -135,7 +138,10 @@ fn start_telemetry() -> (Option<Arc<TelemetrySink>>, Option<PathBuf>) {
             config
         }
         Err(error) => {
-            eprintln!("keel chat: telemetry disabled: {error}");
+            eprintln!(
+                "{}",
+                crate::redaction::for_stderr(&format!("keel chat: telemetry disabled: {error}"))
+            );
             return (None, None);
         }
     };
@@ -146,7 +152,10 @@ fn start_telemetry() -> (Option<Arc<TelemetrySink>>, Option<PathBuf>) {
     match TelemetrySink::new(&config) {
         Ok(sink) => (Some(Arc::new(sink)), trace_dir),
         Err(error) => {
-            eprintln!("keel chat: telemetry disabled: {error}");
+            eprintln!(
+                "{}",
+                crate::redaction::for_stderr(&format!("keel chat: telemetry disabled: {error}"))
+            );
             (None, None)
         }
     }
