@@ -146,8 +146,10 @@ impl SseParser {
             }
         }
         self.scratch = lines;
-        pushed?;
+        // The lines handled come before the one that outgrew the limit: an event error
+        // among them happened first, whatever the chunking.
         result?;
+        pushed?;
         Ok(events)
     }
 
@@ -351,6 +353,25 @@ mod tests {
         // Exactly at the limit is still fine.
         let mut p = NdjsonParser::with_limit(4);
         assert_eq!(p.push(b"abcd\n").unwrap(), vec!["abcd".to_string()]);
+    }
+
+    #[test]
+    fn the_first_limit_error_is_reported_however_the_body_is_split() {
+        // Found by the `framing` fuzz target: an event outgrows the limit, then a line does;
+        // fed whole, the line's error used to win over the event's.
+        let body =
+            b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\nxxxxxxxxxxxxxxxxxxxxxxxxxx";
+        let whole = SseParser::with_limit(24).push(body).unwrap_err();
+        let mut split = SseParser::with_limit(24);
+        let mut first = None;
+        for byte in body.chunks(1) {
+            if let Err(error) = split.push(byte) {
+                first = Some(error);
+                break;
+            }
+        }
+        assert_eq!(whole.what, "event");
+        assert_eq!(Some(whole), first);
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod config;
 mod driver;
 pub mod errors;
 pub mod framing;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ollama;
 mod openai_chat;
 mod openai_responses;

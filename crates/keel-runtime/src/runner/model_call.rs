@@ -386,6 +386,43 @@ async fn stream_answer(
     }
 }
 
+/// Gives each tool call of an answer an id of its own. Results are paired with calls by
+/// id, and a call's idempotency key is built from it, but a model may repeat an id within
+/// one answer or reuse one from an earlier turn (servers that number calls `call_0`,
+/// `call_1`, … in each answer do). A repeated id would leave one call forever unanswered
+/// — the run looped executing it — or give two different calls one idempotency key, so
+/// such an id (or an empty one) becomes `<id>_<n>`, the first free `n` from 2.
+fn unique_call_ids(message: &mut Message, earlier: &[Message]) {
+    let mut taken: std::collections::HashSet<String> = earlier
+        .iter()
+        .flat_map(|m| m.parts.iter())
+        .filter_map(|part| match part {
+            Part::ToolCall(call) => Some(call.id.clone()),
+            Part::ToolResult(result) => Some(result.call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let own: std::collections::HashSet<String> =
+        message.tool_calls().map(|call| call.id.clone()).collect();
+    for part in &mut message.parts {
+        let Part::ToolCall(call) = part else { continue };
+        if !call.id.is_empty() && taken.insert(call.id.clone()) {
+            continue;
+        }
+        let base = if call.id.is_empty() {
+            "call"
+        } else {
+            call.id.as_str()
+        };
+        let fresh = (2u32..)
+            .map(|n| format!("{base}_{n}"))
+            .find(|id| !taken.contains(id) && !own.contains(id))
+            .unwrap_or_else(|| keel_core::new_id("call"));
+        taken.insert(fresh.clone());
+        call.id = fresh;
+    }
+}
+
 /// Journals the answer (or the failure) of a call.
 #[allow(clippy::too_many_arguments)]
 async fn finish_call(
@@ -405,6 +442,7 @@ async fn finish_call(
             if agent.planner_mode == PlannerMode::Structured && !final_summary {
                 after = structured_action(agent, journal, turn, &mut response, &span);
             }
+            unique_call_ids(&mut response.message, journal.state().messages());
             let requested: Vec<(EventKind, String)> = response
                 .message
                 .tool_calls()
