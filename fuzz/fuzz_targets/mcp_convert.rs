@@ -116,9 +116,9 @@ fuzz_target!(|data: &[u8]| {
         Err(error) => {
             assert!(!error.message.trim().is_empty());
             let capped = cap_tool_error(error, &name);
-            assert!(capped.message.len() <= MAX_ERROR_MESSAGE_CHARS + NOTICE);
+            assert!(capped.message.chars().count() <= MAX_ERROR_MESSAGE_CHARS + NOTICE);
             if let Some(details) = &capped.details {
-                let size = details.to_string().len();
+                let size = details.to_string().chars().count();
                 assert!(
                     size <= MAX_ERROR_DETAILS_CHARS + 4 * NOTICE,
                     "capped details are {size} characters"
@@ -133,15 +133,13 @@ fuzz_target!(|data: &[u8]| {
     let max = 16 + usize::from(u.arbitrary::<u8>().unwrap_or(0));
     let text = result.to_string();
     let capped = cap_text(text, max, "fuzz");
-    assert!(
-        capped.len() <= max + NOTICE,
-        "cap_text gave {} for {max}",
-        capped.len()
-    );
+    // Caps count characters (what a prompt is made of), not bytes.
+    let shown = capped.chars().count();
+    assert!(shown <= max + NOTICE, "cap_text gave {shown} for {max}");
     let capped = cap_value(tool.clone(), max, "fuzz").to_string();
+    let shown = capped.chars().count();
     assert!(
-        capped.len() <= max + 8 * NOTICE,
-        "cap_value gave {} characters for a cap of {max}",
-        capped.len()
+        shown <= max + 8 * NOTICE,
+        "cap_value gave {shown} characters for a cap of {max}"
     );
 });

@@ -1,24 +1,21 @@
 //! The Detective: Keel's reference agent for release risk assessment (seed 004).
 //!
-//! This crate holds three things:
+//! This crate holds two things:
 //! - the **release service** ([`serve`], [`serve_forever`]): an HTTP server answering
 //!   release summaries and test details from fixtures and accepting risk reports, which it
 //!   validates and keeps on disk;
-//! - the **agent file** format ([`agent_file::AgentFile`]): an agent declared in TOML —
-//!   instructions, declarative HTTP tools, built-in tools, budget and critic rules — and
-//!   [`agent_file::build_agent`], which turns any such file into a `keel_runtime::Agent`;
-//! - the Detective's own agent file, `agents/detective/agent.toml`, whose tools are pure
-//!   configuration pointing at the release service through `RELEASE_SERVICE_URL`.
+//! - the Detective's agent file, `agents/detective/agent.toml` ([`DETECTIVE_AGENT_TOML`]),
+//!   whose tools are pure configuration pointing at the release service through
+//!   `RELEASE_SERVICE_URL`. It uses Keel's one agent schema (`keel_config::AgentDefinition`,
+//!   the same as keel.toml's `[agents.<name>]`); keel-app builds it like any other agent.
 //!
 //! It must not contain agent logic in code: the Detective's behaviour lives in its agent
 //! file, and the release service is test and demo infrastructure, not part of the runtime.
 
-pub mod agent_file;
 pub mod fixtures;
 pub mod reports;
 pub mod service;
 
-pub use agent_file::{AgentFile, AgentFileError, build_agent};
 pub use reports::RiskReport;
 pub use service::{DEFAULT_PORT, RunningService, ServiceConfig, serve, serve_forever};
 

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use keel_app::{AgentRef, AgentRequest, App};
 use keel_core::{EndState, EventKind, EventStore, MemoryStore, Message};
-use keel_detective::agent_file::{AgentFile, build_agent_with_env};
 use keel_detective::{ServiceConfig, serve};
 use keel_providers::{ProviderOptions, model_from_spec};
 use keel_runtime::{RunContext, RunOutcome, Thread};
@@ -53,10 +53,19 @@ async fn run_detective(script: &str) -> Run {
         },
     )
     .unwrap();
-    let file = AgentFile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("agent.toml")).unwrap();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("agent.toml");
     let base = service.base_url();
-    let env = move |name: &str| (name == "RELEASE_SERVICE_URL").then(|| base.clone());
-    let agent = build_agent_with_env(&file, model, &env).unwrap();
+    let env = Arc::new(move |name: &str| (name == "RELEASE_SERVICE_URL").then(|| base.clone()));
+    let app = App::from_toml_str("", &repo(), env).unwrap();
+    let agent = app
+        .agent(&AgentRequest {
+            agent: Some(AgentRef::File(file)),
+            model_override: Some(model),
+            ..AgentRequest::default()
+        })
+        .await
+        .unwrap()
+        .agent;
 
     let store = Arc::new(MemoryStore::new());
     let mut thread = Thread::new();

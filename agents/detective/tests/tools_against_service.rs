@@ -8,9 +8,12 @@
     missing_docs
 )]
 
+use std::sync::Arc;
+
+use keel_config::AgentDefinition;
 use keel_core::{CancellationToken, ToolContext, ToolErrorCode, ToolRegistry};
-use keel_detective::agent_file::AgentFile;
 use keel_detective::{DETECTIVE_AGENT_TOML, RunningService, ServiceConfig, serve};
+use keel_tools::HttpTool;
 use serde_json::json;
 
 async fn setup(
@@ -24,16 +27,19 @@ async fn setup(
     })
     .await
     .unwrap();
-    let mut file = AgentFile::parse(DETECTIVE_AGENT_TOML, "agent.toml").unwrap();
-    if let Some(ms) = slow_timeout_ms {
-        for tool in &mut file.tools {
-            tool.timeout_ms = ms;
-        }
-    }
+    let file = AgentDefinition::parse(DETECTIVE_AGENT_TOML, "agent.toml").unwrap();
     let base = service.base_url();
-    let tools = file
-        .tool_registry_with_env(&move |n| (n == "RELEASE_SERVICE_URL").then(|| base.clone()))
-        .unwrap();
+    let env = move |n: &str| (n == "RELEASE_SERVICE_URL").then(|| base.clone());
+    let mut tools = ToolRegistry::new();
+    for (_, config) in file.http_tools() {
+        let mut config = config.clone();
+        if let Some(ms) = slow_timeout_ms {
+            config.timeout_ms = ms;
+        }
+        tools
+            .register(Arc::new(HttpTool::with_env(config, &env).unwrap()))
+            .unwrap();
+    }
     (service, tools)
 }
 

@@ -3,64 +3,37 @@
 //! the agent — including a scripted model positioned where a resumed run left off — and
 //! the run context (observers, approval prompt).
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use futures::stream::BoxStream;
-use keel_core::{
-    Budget, CancellationToken, Event, EventKind, EventStore, Model, ModelCapabilities, ModelError,
-    ModelRequest, StreamEvent, ToolCall, ToolRegistry,
-};
-use keel_runtime::{
-    Agent, ApprovalDecision, ApprovalHandler, RunApprovalMode, RunContext, RunError,
-};
-use keel_testkit::{ScriptStep, ScriptedModel};
+use keel_app::{AgentRef, AgentRequest};
+use keel_core::{CancellationToken, EventStore};
+use keel_runtime::{Agent, RunApprovalMode, RunContext, RunError};
+use keel_testkit::ScriptedModel;
 use serde::{Deserialize, Serialize};
 
 use crate::CliError;
-use crate::models::{self, ModelArgs};
+use crate::config::{app, app_error};
+use crate::models::ModelArgs;
 use crate::output::{OutputFormat, TextPrinter};
-use crate::test_tools;
-
-/// The default store: a SQLite file under the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://.keel/keel.db";
 
 /// `--store`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// The event store: sqlite://PATH (default .keel/keel.db), postgres://..., or memory:.
-    #[arg(long, value_name = "URL", env = "KEEL_STORE", default_value = DEFAULT_STORE)]
-    pub store: String,
+    /// The event store: sqlite://PATH, postgres://..., or memory: (default: KEEL_STORE, else
+    /// keel.toml [store] url, else sqlite://.keel/keel.db).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 impl StoreArgs {
-    /// Opens the store (event log and run queue).
-    ///
-    /// Several processes opening a new SQLite file at once race to create its schema; a
-    /// failed open is retried a few times before it is reported.
+    /// Opens the store (event log and run queue): `--store` > `KEEL_STORE` > keel.toml.
     pub async fn open(&self) -> Result<keel_store::OpenedStore, CliError> {
-        let mut attempt = 0u64;
-        loop {
-            match keel_store::open(&self.store).await {
-                Ok(opened) => return Ok(opened),
-                Err(e) if attempt < 4 && !self.store.starts_with("postgres") => {
-                    attempt += 1;
-                    tracing::debug!(
-                        "opening store {} failed ({e}); retrying",
-                        crate::redaction::display_url(&self.store)
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
-                }
-                Err(e) => {
-                    return Err(CliError::failure(format!(
-                        "cannot open store {}: {e}",
-                        crate::redaction::display_url(&self.store)
-                    )));
-                }
-            }
-        }
+        app()
+            .open_store(self.store.as_deref())
+            .await
+            .map_err(app_error)
     }
 
     /// Opens the event log only.
@@ -112,10 +85,11 @@ pub struct AgentArgs {
     /// run (exit 10).
     #[arg(long, value_enum, value_name = "MODE")]
     pub approve: Option<ApproveFlag>,
-    /// An agent file (instructions, declared HTTP tools, budget, critic), e.g.
-    /// agents/detective/agent.toml. See docs/detective.md.
-    #[arg(long, value_name = "FILE")]
-    pub agent: Option<PathBuf>,
+    /// The agent: a keel.toml [agents.<name>] name, or an agent file (e.g.
+    /// agents/detective/agent.toml). A name wins over a file of the same name. Default:
+    /// keel.toml [defaults] agent. See docs/configuration.md.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub agent: Option<String>,
     /// How the context is kept within the window: truncate (default), summarize, importance.
     #[arg(long, value_name = "STRATEGY")]
     pub context_strategy: Option<String>,
@@ -133,7 +107,7 @@ pub struct AgentArgs {
 /// which `keel resume`, `approve`, `deny`, `reply` and workers rebuild the agent with no
 /// flags (see [`crate::recorded`]). It never holds secrets: API keys are read from the
 /// environment again when the agent is rebuilt.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentSpec {
     /// `--model`.
     #[serde(default)]
@@ -153,12 +127,15 @@ pub struct AgentSpec {
     /// `--instructions`.
     #[serde(default)]
     pub instructions: Option<String>,
-    /// `--approve`.
+    /// `--approve` (`None`: keel.toml's approvals decide).
     #[serde(default)]
-    pub approve: ApproveFlag,
-    /// `--agent`, made absolute.
+    pub approve: Option<ApproveFlag>,
+    /// `--agent FILE`, made absolute.
     #[serde(default)]
     pub agent: Option<PathBuf>,
+    /// `--agent NAME`: an `[agents.<name>]` table of keel.toml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
     /// SHA-256 of the agent file when the run started (set when resolved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_sha256: Option<String>,
@@ -178,7 +155,8 @@ pub struct AgentSpec {
 }
 
 impl AgentArgs {
-    /// The flags as data (script path made absolute so another process can find it).
+    /// The flags given, as data (script path made absolute so another process can find
+    /// it; `--agent` resolved to a keel.toml name or an absolute file path).
     pub fn spec(&self) -> Result<AgentSpec, CliError> {
         let script = match &self.model.script {
             Some(path) => Some(
@@ -187,168 +165,142 @@ impl AgentArgs {
             ),
             None => None,
         };
-        Ok(AgentSpec {
+        let mut spec = AgentSpec {
             model: self.model.model.clone(),
             base_url: self.model.base_url.clone(),
             script,
             tools: self.tools.clone(),
             max_turns: self.max_turns,
             instructions: self.instructions.clone(),
-            approve: self.approve.unwrap_or_default(),
-            agent: match &self.agent {
-                Some(path) => Some(
-                    std::path::absolute(path)
-                        .map_err(|e| CliError::usage(format!("--agent {}: {e}", path.display())))?,
-                ),
-                None => None,
-            },
-            agent_sha256: None,
+            approve: self.approve,
             context_strategy: self.context_strategy.clone(),
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
-            submission: None,
-        })
+            ..AgentSpec::default()
+        };
+        if let Some(reference) = &self.agent {
+            spec.set_agent(app().find_agent(reference).map_err(app_error)?);
+        }
+        Ok(spec)
+    }
+
+    /// [`spec`](Self::spec) for a new run: without `--agent`, keel.toml's
+    /// `[defaults] agent`.
+    pub fn new_run_spec(&self) -> Result<AgentSpec, CliError> {
+        let mut spec = self.spec()?;
+        if self.agent.is_none()
+            && let Some(agent) = app().default_agent().map_err(app_error)?
+        {
+            spec.set_agent(agent);
+        }
+        Ok(spec)
     }
 }
 
-/// A built agent, and the scripted model behind it when there is one.
+/// A built agent, the scripted model behind it when there is one, and the agent's own
+/// approval mode.
 pub struct Built {
     /// The agent.
     pub agent: Agent,
     /// The scripted model (to record its requests).
     pub scripted: Option<Arc<ScriptedModel>>,
+    /// The definition's `approve`.
+    pub approve: Option<RunApprovalMode>,
 }
 
 impl AgentSpec {
-    /// Builds the agent. `consumed_steps` is how many model answers the run being resumed
-    /// already has: a script continues at that step (0 for a new run).
-    pub fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
-        let config = crate::config::get();
-        let mut resolved = self.clone();
-        let agent_file = match &self.agent {
-            Some(path) => {
-                let mut file = keel_detective::AgentFile::load(path)
-                    .map_err(|e| CliError::usage(format!("--agent {}: {e}", path.display())))?;
-                resolved.agent_sha256 = Some(crate::recorded::file_sha256(path)?);
-                if let Some(turns) = self.max_turns {
-                    file.budget.max_turns = Some(turns);
-                }
-                if let Some(instructions) = &self.instructions {
-                    file.instructions.clone_from(instructions);
-                }
-                Some(file)
+    fn set_agent(&mut self, agent: AgentRef) {
+        match agent {
+            AgentRef::Named(name) => {
+                self.agent_name = Some(name);
+                self.agent = None;
             }
-            None => None,
-        };
-        let (model, scripted): (Arc<dyn Model>, Option<Arc<ScriptedModel>>) = match &self.script {
-            Some(path) => {
-                let (model, scripted) = scripted_from(path, consumed_steps)?;
-                (model, Some(scripted))
+            AgentRef::File(path) => {
+                self.agent = Some(path);
+                self.agent_name = None;
             }
-            None => {
-                let spec = self
-                    .model
-                    .clone()
-                    .or_else(|| agent_file.as_ref().and_then(|f| f.model.clone()))
-                    .or_else(|| config.defaults.model.clone())
-                    .unwrap_or_else(models::default_model_spec);
-                resolved.model = Some(spec.clone());
-                let selected = models::select(&ModelArgs {
-                    model: Some(spec),
-                    base_url: self.base_url.clone(),
-                    script: None,
-                })?;
-                (selected.model, selected.scripted)
-            }
-        };
+            _ => {}
+        }
+        self.agent_sha256 = None;
+    }
+
+    /// Builds the agent (keel-app checks every reference first). `consumed_steps` is how
+    /// many model answers the run being resumed already has: a script continues at that
+    /// step (0 for a new run).
+    pub async fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
         if self.max_turns == Some(0) {
             return Err(CliError::usage("--max-turns must be at least 1"));
         }
-        let mut builder = match &agent_file {
-            Some(file) => {
-                let env = |name: &str| std::env::var(name).ok();
-                let builder = keel_detective::agent_file::agent_builder(file, model, &env)
-                    .map_err(|e| CliError::usage(format!("agent file: {e}")))?;
-                if self.tools.is_empty() {
-                    builder
-                } else {
-                    // `--tool` adds tools from the whole catalog (built-in, keel.toml, MCP)
-                    // to the file's own.
-                    let mut tools = file
-                        .tool_registry_with_env(&env)
-                        .map_err(|e| CliError::usage(format!("agent file: {e}")))?;
-                    let extra = select_tools(&self.tools)?;
-                    for name in extra.names() {
-                        if let Some(tool) = extra.get(name).filter(|_| tools.get(name).is_none()) {
-                            tools
-                                .register(tool.clone())
-                                .map_err(|e| CliError::usage(format!("--tool {name}: {e}")))?;
-                        }
-                    }
-                    builder.tools(tools)
-                }
+        if self.context_window.is_some_and(|w| w < 256) {
+            return Err(CliError::usage(
+                "--context-window must be at least 256 tokens",
+            ));
+        }
+        if self.max_output_tokens == Some(0) {
+            return Err(CliError::usage("--max-output-tokens must be at least 1"));
+        }
+        let (model_override, scripted) = match &self.script {
+            Some(path) => {
+                let (model, scripted) = crate::scripted::scripted_from(path, consumed_steps)?;
+                (Some(model), Some(scripted))
             }
-            None => {
-                let tools = select_tools(&self.tools)?;
-                // Record the tools actually chosen (keel.toml's declared tools when no
-                // `--tool` was given), so a resumed run gets the same set.
-                resolved.tools = tools.names().map(str::to_string).collect();
-                let mut budget = Budget::default();
-                if let Some(turns) = self.max_turns {
-                    budget.max_turns = Some(turns);
-                }
-                Agent::builder("keel", model)
-                    .instructions(self.instructions.clone().unwrap_or_else(|| {
-                        "You are a helpful assistant. Use the tools when they help; answer concisely."
-                            .into()
-                    }))
-                    .tools(tools)
-                    .budget(budget)
-            }
+            None => (None, None),
         };
-        builder = builder.policy(config.policies.clone());
-        if let Some(strategy) = &self.context_strategy {
-            let kind = strategy
-                .parse::<keel_core::context::StrategyKind>()
-                .map_err(|e| CliError::usage(format!("--context-strategy: {e}")))?;
-            builder = builder.context_strategy(kind);
+        let agent = match (&self.agent_name, &self.agent) {
+            (Some(name), _) => Some(AgentRef::Named(name.clone())),
+            (None, Some(path)) => Some(AgentRef::File(path.clone())),
+            (None, None) => None,
+        };
+        let request = AgentRequest {
+            agent,
+            model: self.model.clone(),
+            model_override,
+            base_url: self.base_url.clone(),
+            tools: self.tools.clone(),
+            instructions: self.instructions.clone(),
+            max_turns: self.max_turns,
+            context_strategy: self.context_strategy.clone(),
+            context_window: self.context_window,
+            max_output_tokens: self.max_output_tokens,
+        };
+        let (builder, resolution) = app().agent_builder(&request).await.map_err(app_error)?;
+        for notice in &resolution.notices {
+            eprintln!("keel: {}", crate::redaction::for_stderr(notice));
         }
-        if let Some(window) = self.context_window {
-            if window < 256 {
-                return Err(CliError::usage(
-                    "--context-window must be at least 256 tokens",
-                ));
-            }
-            builder = builder.context_window(window);
+        let mut resolved = self.clone();
+        if self.script.is_none() {
+            resolved.model.clone_from(&resolution.model_spec);
         }
-        if let Some(tokens) = self.max_output_tokens {
-            if tokens == 0 {
-                return Err(CliError::usage("--max-output-tokens must be at least 1"));
-            }
-            builder = builder.max_output_tokens(Some(tokens));
+        if let Some(path) = &self.agent {
+            resolved.agent_sha256 = Some(crate::recorded::file_sha256(path)?);
+        }
+        if resolution.definition.is_none() {
+            // The tools actually chosen (keel.toml's declared tools when no `--tool` was
+            // given), so a resumed run gets the same set.
+            resolved.tools.clone_from(&resolution.tools);
         }
         let recipe = serde_json::to_value(&resolved)
             .map_err(|e| CliError::failure(format!("cannot record the agent definition: {e}")))?;
-        builder = builder.recipe(recipe);
         Ok(Built {
-            agent: builder.build(),
+            agent: builder.recipe(recipe).build(),
             scripted,
+            approve: resolution.approve,
         })
     }
 
-    /// The run context: the store, a live printer in text mode, the approval mode, an
-    /// interactive approval prompt when stdin is a terminal (otherwise approvals defer and
-    /// the run pauses), and the cancellation token.
+    /// The run context: the store, the approval modes (`--approve` > the agent's >
+    /// keel.toml), a live printer in text mode, an interactive approval prompt when stdin
+    /// is a terminal (otherwise approvals defer and the run pauses), and the cancellation
+    /// token.
     pub fn context(
         &self,
+        built: &Built,
         store: Arc<dyn EventStore>,
         output: OutputFormat,
         interactive: bool,
         cancel: CancellationToken,
     ) -> RunContext {
-        let mut context = RunContext::new(store)
-            .with_cancel(cancel)
-            .with_approval_mode(self.approve.mode());
+        let mut context = self.base_context(built, store).with_cancel(cancel);
         if output == OutputFormat::Text {
             context = context.with_observer(Arc::new(TextPrinter));
         }
@@ -356,165 +308,18 @@ impl AgentSpec {
             context = context.with_observer(telemetry);
         }
         if interactive && std::io::stdin().is_terminal() {
-            context = context.with_approvals(Arc::new(TerminalPrompt));
+            context = context.with_approvals(Arc::new(crate::terminal_prompt::TerminalPrompt));
         }
         context
     }
-}
 
-/// The tools named, from the built-in catalog (plus the test tools when
-/// `KEEL_TEST_TOOLS=1`).
-pub fn select_tools(names: &[String]) -> Result<ToolRegistry, CliError> {
-    let mut catalog =
-        keel_tools::builtin_registry().map_err(|e| CliError::failure(e.to_string()))?;
-    if test_tools::enabled() {
-        test_tools::register(&mut catalog).map_err(|e| CliError::failure(e.to_string()))?;
-    }
-    let declared = crate::tools::register_configured(&mut catalog)?;
-    // Tools declared in keel.toml (HTTP tools, MCP servers) are available without flags;
-    // `--tool` selects among everything.
-    let names: Vec<String> = if names.is_empty() {
-        declared
-    } else {
-        names.to_vec()
-    };
-    catalog
-        .subset(names.iter().map(String::as_str))
-        .map_err(|unknown| {
-            CliError::usage(format!(
-                "unknown tool{} {}; available: {}",
-                if unknown.len() == 1 { "" } else { "s" },
-                unknown.join(", "),
-                catalog.names().collect::<Vec<_>>().join(", ")
-            ))
-        })
-}
-
-/// How many model answers (responses or failures) the run `run_id` has in `events`: the
-/// script step a resumed run continues at.
-pub fn consumed_steps(events: &[Event], run_id: &str) -> usize {
-    events
-        .iter()
-        .filter(|e| e.run_id == run_id)
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::ModelResponded { .. } | EventKind::ModelFailed { .. }
-            )
-        })
-        .count()
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ScriptFile {
-    Steps(Vec<ScriptStep>),
-    Object { steps: Vec<ScriptStep> },
-}
-
-/// A scripted model over the steps of `path` from `skip` on. Tool calls without an id get
-/// the id they would have had without skipping (`call_{step}_{n}`), so ids stay unique.
-fn scripted_from(
-    path: &std::path::Path,
-    skip: usize,
-) -> Result<(Arc<dyn Model>, Arc<ScriptedModel>), CliError> {
-    let full = ScriptedModel::from_file(path).map_err(|e| CliError::usage(e.to_string()))?;
-    let id = full.id();
-    if skip == 0 {
-        let scripted = Arc::new(full);
-        return Ok((scripted.clone(), scripted));
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::usage(format!("cannot read script {}: {e}", path.display())))?;
-    let file: ScriptFile = serde_json::from_str(&text)
-        .map_err(|e| CliError::usage(format!("cannot parse script {}: {e}", path.display())))?;
-    let (ScriptFile::Steps(steps) | ScriptFile::Object { steps }) = file;
-    let rest: Vec<ScriptStep> = steps
-        .into_iter()
-        .enumerate()
-        .skip(skip)
-        .map(|(index, mut step)| {
-            for (n, call) in step.tool_calls.iter_mut().enumerate() {
-                if call.id.is_none() {
-                    call.id = Some(format!("call_{index}_{n}"));
-                }
-            }
-            step
-        })
-        .collect();
-    let scripted = Arc::new(ScriptedModel::new(rest));
-    let model: Arc<dyn Model> = Arc::new(Renamed {
-        id,
-        inner: scripted.clone(),
-    });
-    Ok((model, scripted))
-}
-
-/// A model under another id (a resumed script keeps its file's id).
-struct Renamed {
-    id: String,
-    inner: Arc<ScriptedModel>,
-}
-
-impl Model for Renamed {
-    fn id(&self) -> String {
-        self.id.clone()
-    }
-
-    fn capabilities(&self) -> ModelCapabilities {
-        self.inner.capabilities()
-    }
-
-    fn stream<'a>(
-        &'a self,
-        request: ModelRequest<'a>,
-    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        self.inner.stream(request)
-    }
-
-    fn estimate_tokens(&self, request: &ModelRequest<'_>) -> u64 {
-        self.inner.estimate_tokens(request)
+    /// The store and approval modes only (no observers, approvals defer).
+    pub fn base_context(&self, built: &Built, store: Arc<dyn EventStore>) -> RunContext {
+        app().run_context(store, self.approve.map(ApproveFlag::mode), built.approve)
     }
 }
 
-/// Asks on the terminal: `y` approves, `n` (optionally followed by a reason) denies, an
-/// empty line or end of input defers (the run pauses, exit 10).
-struct TerminalPrompt;
-
-#[async_trait]
-impl ApprovalHandler for TerminalPrompt {
-    async fn decide(&self, _thread_id: &str, call: &ToolCall) -> ApprovalDecision {
-        let prompt = format!(
-            "approve {} {} (call {})? [y]es / [n]o [reason] / Enter to decide later: ",
-            call.name, call.arguments, call.id
-        );
-        let line = tokio::task::spawn_blocking(move || {
-            let mut stderr = std::io::stderr().lock();
-            let _ = stderr.write_all(prompt.as_bytes());
-            let _ = stderr.flush();
-            let mut line = String::new();
-            match std::io::stdin().lock().read_line(&mut line) {
-                Ok(0) | Err(_) => None,
-                Ok(_) => Some(line),
-            }
-        })
-        .await
-        .ok()
-        .flatten();
-        let Some(line) = line else {
-            return ApprovalDecision::Defer;
-        };
-        let line = line.trim();
-        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
-        match word.to_ascii_lowercase().as_str() {
-            "y" | "yes" => ApprovalDecision::Approve,
-            "n" | "no" => ApprovalDecision::Deny {
-                reason: Some(rest.trim().to_string()).filter(|r| !r.is_empty()),
-            },
-            _ => ApprovalDecision::Defer,
-        }
-    }
-}
+pub use crate::scripted::consumed_steps;
 
 /// A run error as a CLI error; a store conflict means another process drives the thread.
 pub fn run_error(error: RunError) -> CliError {

@@ -110,7 +110,10 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
     if !args.no_resume {
         // Check that the run's agent can be rebuilt and continue it before anything is
         // written.
-        let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
+        let built = spec
+            .build(0)
+            .await
+            .map_err(|e| rebuild_error(&args.thread, e))?;
         built
             .agent
             .check_resumable(&thread)
@@ -153,7 +156,10 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
     let spec = recorded::spec_for_thread(&thread, &args.agent)?;
     if thread.state().run_in_progress() {
-        let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
+        let built = spec
+            .build(0)
+            .await
+            .map_err(|e| rebuild_error(&args.thread, e))?;
         built
             .agent
             .check_resumable(&thread)
@@ -166,10 +172,13 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
         let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
         return report(&outcome, args.output, scripted.as_ref(), None);
     }
-    let built = spec.build(0).map_err(|e| rebuild_error(&args.thread, e))?;
+    let built = spec
+        .build(0)
+        .await
+        .map_err(|e| rebuild_error(&args.thread, e))?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
-    let context = spec.context(store, args.output, true, cancel);
+    let context = spec.context(&built, store, args.output, true, cancel);
     let outcome = built
         .agent
         .run(vec![Message::user(answer)], &mut thread, &context)
@@ -228,10 +237,11 @@ async fn continue_with(
     }
     let built = spec
         .build(steps)
+        .await
         .map_err(|e| rebuild_error(&thread_id, e))?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
-    let context = spec.context(store, output, true, cancel);
+    let context = spec.context(&built, store, output, true, cancel);
     let outcome = built
         .agent
         .resume(&mut thread, &context)

@@ -22,9 +22,9 @@ pub struct RunArgs {
     /// Continue this thread (created with this id if it does not exist).
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    /// Output format (default: keel.toml [defaults] output, else text).
+    #[arg(long, value_enum)]
+    pub output: Option<OutputFormat>,
     /// Write every request the scripted model received to this JSON file.
     #[arg(long, value_name = "FILE", requires = "script")]
     pub record_requests: Option<PathBuf>,
@@ -35,12 +35,16 @@ pub struct RunArgs {
 
 /// Runs `keel run`.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
-    let built = spec.build(0)?;
+    let output = match crate::config::app().output_format(args.output.map(OutputFormat::config)) {
+        keel_config::OutputFormat::Json => OutputFormat::Json,
+        keel_config::OutputFormat::Text => OutputFormat::Text,
+    };
+    let spec = args.agent.new_run_spec()?;
+    let built = spec.build(0).await?;
     let store = args.store.events().await?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
-    let context = spec.context(store.clone(), args.output, true, cancel);
+    let context = spec.context(&built, store.clone(), output, true, cancel);
     let mut thread = match &args.thread {
         Some(id) => Thread::load(store.as_ref(), id)
             .await
@@ -55,7 +59,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .map_err(agents::run_error)?;
     report(
         &outcome,
-        args.output,
+        output,
         built.scripted.as_ref(),
         args.record_requests.as_ref(),
     )

@@ -9,14 +9,8 @@ use crate::CliError;
 /// Flags of `keel stats`.
 #[derive(Debug, clap::Args)]
 pub struct StatsArgs {
-    /// The event store (default: `KEEL_STORE` or sqlite://.keel/keel.db).
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "KEEL_STORE",
-        default_value = "sqlite://.keel/keel.db"
-    )]
-    pub store: String,
+    #[command(flatten)]
+    pub store: crate::agents::StoreArgs,
     /// Print Prometheus text exposition format instead of a summary.
     #[arg(long)]
     pub prometheus: bool,
@@ -27,9 +21,7 @@ pub struct StatsArgs {
 
 /// Runs `keel stats`.
 pub async fn run(args: StatsArgs) -> Result<u8, CliError> {
-    let store = keel_store::open_store(&args.store)
-        .await
-        .map_err(|e| CliError::usage(format!("--store {}: {e}", args.store)))?;
+    let store = args.store.events().await?;
     let filter = ThreadFilter {
         agent: args.agent.clone(),
         ..ThreadFilter::default()

@@ -110,8 +110,8 @@ pub struct JobPayload {
 
 /// Runs `keel submit`.
 pub async fn submit(args: SubmitArgs) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
-    spec.build(0)?;
+    let spec = args.agent.new_run_spec()?;
+    spec.build(0).await?;
     let opened = args.store.open().await?;
     let thread_id = args.thread.clone().unwrap_or_else(|| new_id("thr"));
     let thread = Thread::load(opened.events.as_ref(), &thread_id)
@@ -328,11 +328,10 @@ enum JobFailure {
 fn worker_context(
     store: Arc<dyn EventStore>,
     spec: &AgentSpec,
+    built: &agents::Built,
     cancel: CancellationToken,
 ) -> RunContext {
-    RunContext::new(store)
-        .with_cancel(cancel)
-        .with_approval_mode(spec.approve.mode())
+    spec.base_context(built, store).with_cancel(cancel)
 }
 
 /// Starts or resumes the job's run; returns a one-line status.
@@ -380,8 +379,9 @@ async fn drive(
             policy.check(&spec).map_err(Permanent)?;
             let built = spec
                 .build(agents::consumed_steps(thread.run_events(), &run.run_id))
+                .await
                 .map_err(|e| Permanent(e.message))?;
-            let context = worker_context(store.clone(), &spec, cancel);
+            let context = worker_context(store.clone(), &spec, &built, cancel);
             built.agent.resume(&mut thread, &context).await
         }
         Some(run) if own_run => {
@@ -403,8 +403,8 @@ async fn drive(
                 ..job.agent.clone()
             };
             policy.check(&spec).map_err(Permanent)?;
-            let built = spec.build(0).map_err(|e| Permanent(e.message))?;
-            let context = worker_context(store.clone(), &spec, cancel);
+            let built = spec.build(0).await.map_err(|e| Permanent(e.message))?;
+            let context = worker_context(store.clone(), &spec, &built, cancel);
             built
                 .agent
                 .run(

@@ -1,27 +1,57 @@
-//! The process-wide configuration: keel.toml (or `--config FILE`) with `.env` loaded, and
-//! the telemetry it starts. Commands read it through [`get`]; flags override it.
+//! The process's application: keel.toml (or `--config FILE`) with `.env` loaded, as a
+//! [`keel_app::App`] (which owns the MCP servers it connects), plus the telemetry this
+//! process starts. Commands read it through [`app`] / [`get`]; flags override it.
 
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
-use keel_config::KeelConfig;
+use keel_app::{App, AppError};
+use keel_config::{KeelConfig, LoadedConfig};
 
 use crate::CliError;
 use crate::telemetry::Telemetry;
 
-static CONFIG: OnceLock<KeelConfig> = OnceLock::new();
+static APP: OnceLock<App> = OnceLock::new();
 static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
 
 /// Loads the configuration once. An invalid file is a usage error listing every problem.
 pub fn init(path: Option<&Path>) -> Result<(), CliError> {
-    let loaded = KeelConfig::load(path).map_err(|e| CliError::usage(e.to_string()))?;
-    let _ = CONFIG.set(loaded.config);
+    let app = App::load(path).map_err(app_error)?;
+    let _ = APP.set(app.with_tools(&test_tools()));
     Ok(())
 }
 
-/// The configuration (defaults when none was loaded).
+/// The test tools, when `KEEL_TEST_TOOLS=1` (they join the catalog).
+fn test_tools() -> keel_core::ToolRegistry {
+    let mut tools = keel_core::ToolRegistry::new();
+    if crate::test_tools::enabled()
+        && let Err(e) = crate::test_tools::register(&mut tools)
+    {
+        eprintln!("keel: test tools unavailable: {e}");
+    }
+    tools
+}
+
+/// The application (defaults when no configuration was loaded).
+pub fn app() -> &'static App {
+    APP.get_or_init(|| {
+        let dir = std::env::current_dir().unwrap_or_else(|_| ".".into());
+        App::new(LoadedConfig::defaults(&dir)).with_tools(&test_tools())
+    })
+}
+
+/// The configuration.
 pub fn get() -> &'static KeelConfig {
-    CONFIG.get_or_init(KeelConfig::default)
+    app().config()
+}
+
+/// An application error as a CLI error: a store that cannot be opened or a tool that
+/// cannot be built is a failure (exit 1); everything else is a usage error (exit 2).
+pub fn app_error(error: AppError) -> CliError {
+    match error {
+        AppError::Store { .. } | AppError::Tool { .. } => CliError::failure(error.to_string()),
+        other => CliError::usage(other.to_string()),
+    }
 }
 
 /// Starts telemetry for this process on first use (trace files under `.keel/traces`, OTLP

@@ -23,9 +23,10 @@ mod models;
 mod output;
 mod recorded;
 mod redaction;
+mod scripted;
 mod telemetry;
+mod terminal_prompt;
 mod test_tools;
-mod tools;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -184,10 +185,8 @@ fn main() -> ExitCode {
             Command::Mcp {
                 command: cmd_mcp::McpCommand::Serve { tools },
             } => {
-                let mut registry =
-                    keel_tools::builtin_registry().map_err(|e| CliError::failure(e.to_string()))?;
-                let _ = crate::tools::register_configured(&mut registry)?;
-                cmd_mcp::serve(registry, &tools).await
+                let catalog = config::app().catalog().await.map_err(config::app_error)?;
+                cmd_mcp::serve(catalog.registry, &tools).await
             }
             Command::Models { command } => cmd_models::run(command).await,
             Command::Config { command } => cmd_config::run(command, config_path.as_deref()),
@@ -202,7 +201,7 @@ fn main() -> ExitCode {
         {
             eprintln!("keel: telemetry did not stop within {limit:?}; exiting without it");
         }
-        if tokio::time::timeout(limit, tools::shutdown())
+        if tokio::time::timeout(limit, config::app().shutdown())
             .await
             .is_err()
         {

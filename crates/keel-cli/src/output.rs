@@ -17,6 +17,16 @@ pub enum OutputFormat {
     Json,
 }
 
+impl OutputFormat {
+    /// The same format in keel.toml's terms.
+    pub fn config(self) -> keel_config::OutputFormat {
+        match self {
+            Self::Text => keel_config::OutputFormat::Text,
+            Self::Json => keel_config::OutputFormat::Json,
+        }
+    }
+}
+
 /// Prints a run live: answer text to stdout as it streams, tool activity to stderr.
 #[derive(Debug, Default)]
 pub struct TextPrinter;

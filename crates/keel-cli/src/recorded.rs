@@ -116,18 +116,19 @@ pub fn apply_flags(
     if let Some(approve) = flags.approve {
         note(
             "--approve",
-            format!("{:?}", spec.approve).to_lowercase(),
+            spec.approve
+                .map(|a| format!("{a:?}").to_lowercase())
+                .unwrap_or_default(),
             format!("{approve:?}").to_lowercase(),
         );
-        spec.approve = approve;
+        spec.approve = Some(approve);
     }
-    if let Some(agent) = &given.agent {
-        note(
-            "--agent",
-            shown_path(&spec.agent),
-            agent.display().to_string(),
-        );
-        spec.agent = Some(agent.clone());
+    if given.agent.is_some() || given.agent_name.is_some() {
+        let shown_agent =
+            |s: &AgentSpec| s.agent_name.clone().unwrap_or_else(|| shown_path(&s.agent));
+        note("--agent", shown_agent(&spec), shown_agent(&given));
+        spec.agent.clone_from(&given.agent);
+        spec.agent_name.clone_from(&given.agent_name);
         spec.agent_sha256 = None;
     }
     if let Some(strategy) = &given.context_strategy {
@@ -194,8 +195,9 @@ mod tests {
             tools: vec!["calculator".into(), "delay".into()],
             max_turns: Some(8),
             instructions: None,
-            approve: ApproveFlag::Auto,
+            approve: Some(ApproveFlag::Auto),
             agent: None,
+            agent_name: None,
             agent_sha256: None,
             context_strategy: None,
             context_window: Some(4000),
@@ -219,7 +221,7 @@ mod tests {
         flags.approve = Some(ApproveFlag::Deny);
         let (spec, notices) = apply_flags(recorded(), &flags).unwrap();
         assert_eq!(spec.model.as_deref(), Some("anthropic:claude-sonnet-4-5"));
-        assert_eq!(spec.approve, ApproveFlag::Deny);
+        assert_eq!(spec.approve, Some(ApproveFlag::Deny));
         assert_eq!(spec.tools, recorded().tools);
         assert_eq!(notices.len(), 2, "{notices:?}");
         assert!(notices[0].contains("--model anthropic:claude-sonnet-4-5 overrides"));

@@ -20,38 +20,9 @@ pub fn for_stderr(text: &str) -> String {
     redactor.redact_str(text).into_owned()
 }
 
-/// A store (or any) URL for messages: its password and query (where `password=` can
-/// travel too) removed; text that is not a URL is returned as it is.
-pub fn display_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) if url.has_host() => {
-            if url.password().is_some() {
-                let _ = url.set_password(Some("***"));
-            }
-            url.set_query(None);
-            url.set_fragment(None);
-            url.to_string()
-        }
-        _ => raw.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn displayed_urls_lose_passwords_and_queries() {
-        assert_eq!(
-            display_url("postgres://keel:secretpw@db.example:5432/keel?sslpassword=x"),
-            "postgres://keel:***@db.example:5432/keel"
-        );
-        assert_eq!(
-            display_url("sqlite://.keel/keel.db"),
-            "sqlite://.keel/keel.db"
-        );
-        assert_eq!(display_url(".keel/keel.db"), ".keel/keel.db");
-    }
 
     #[test]
     fn store_url_passwords_and_keys_are_redacted_and_the_rest_kept() {

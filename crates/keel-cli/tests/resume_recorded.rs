@@ -3,8 +3,9 @@
 //! machine-calibrated random points 30 times, and each time `keel resume THREAD` — with no
 //! flag at all, on the default store — finishes it `done`: the provider is called at the
 //! recorded base URL, every tool is found, and the mutating `test_append` tool never runs
-//! twice. Also: an explicit flag overrides the recorded agent with a notice, and a tool
-//! that disappeared is a clear error before any model call.
+//! twice. Also: an explicit flag overrides the recorded agent with a notice, a tool
+//! that disappeared is a clear error before any model call, and an agent chosen by its
+//! keel.toml name is rebuilt by name.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -44,7 +45,7 @@ const AGENT_FILE: &str = r#"
 name = "recorder"
 description = "Computes and records."
 instructions = "Compute with the calculator, record with test_append, then answer."
-builtin_tools = ["calculator"]
+tools = ["calculator"]
 "#;
 
 fn keel(dir: &Path, args: &[&str]) -> Command {
@@ -324,7 +325,7 @@ fn a_tool_that_disappeared_is_a_clear_error_before_any_model_call() {
     // The agent file loses its calculator: the run's tool cannot be rebuilt.
     std::fs::write(
         root.join("agent.toml"),
-        AGENT_FILE.replace(r#"builtin_tools = ["calculator"]"#, ""),
+        AGENT_FILE.replace(r#"tools = ["calculator"]"#, ""),
     )
     .unwrap();
     let events = events_of(root, "gone").unwrap();
@@ -341,4 +342,75 @@ fn a_tool_that_disappeared_is_a_clear_error_before_any_model_call() {
         "nothing was written: {:?}",
         after.last()
     );
+}
+
+#[test]
+fn an_agent_chosen_by_keel_toml_name_is_rebuilt_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("mock.json"), MOCK_SCRIPT).unwrap();
+    // The same agent, declared inline in keel.toml (no agent file anywhere).
+    std::fs::write(
+        root.join("keel.toml"),
+        "[agents.recorder]\ninstructions = \"Compute with the calculator, record with test_append, then answer.\"\ntools = [\"calculator\", \"delay\", \"test_append\"]\napprove = \"ask\"\n",
+    )
+    .unwrap();
+    let mock = MockLlm::start(root, "mock.json");
+    let out = output(keel(
+        root,
+        &[
+            "run",
+            "--model",
+            "openai:gpt-4.1",
+            "--base-url",
+            &mock.base_url,
+            "--agent",
+            "recorder",
+            "--thread",
+            "named",
+            "--output",
+            "json",
+            "compute 6*7 and record it",
+        ],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(10),
+        "the agent's `approve = \"ask\"` pauses the run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = events_of(root, "named").unwrap();
+    let started = events.iter().find(|e| e["type"] == "run_started").unwrap();
+    assert_eq!(
+        started["definition"]["recipe"]["agent_name"], "recorder",
+        "{started}"
+    );
+    // `keel approve` with no flags rebuilds [agents.recorder] until the run ends.
+    for _ in 0..4 {
+        let events = events_of(root, "named").unwrap();
+        if events.last().is_some_and(|e| e["type"] == "run_ended") {
+            break;
+        }
+        let pending = events
+            .iter()
+            .filter(|e| e["type"] == "approval_requested")
+            .map(|e| e["call_id"].as_str().unwrap().to_string())
+            .find(|id| {
+                !events.iter().any(|e| {
+                    (e["type"] == "approval_granted" || e["type"] == "approval_denied")
+                        && e["call_id"] == id.as_str()
+                })
+            })
+            .expect("a call awaits approval");
+        let out = output(keel(root, &["approve", "named", &pending]));
+        assert!(
+            matches!(out.status.code(), Some(0 | 10)),
+            "approve: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let events = events_of(root, "named").unwrap();
+    let ended = events.last().unwrap();
+    assert_eq!(ended["type"], "run_ended");
+    assert_eq!(ended["end_state"], "done", "{ended}");
 }

@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use toml::de::{DeTable, DeValue};
 
+use crate::agent::INNER_PREFIX;
 use crate::diagnostic::{Diagnostic, DiagnosticCode, Severity, line_col, nearest};
 use crate::env::{ExpandError, expand};
 use crate::schema::KeelConfig;
@@ -51,7 +52,7 @@ pub(crate) struct SpanIndex {
 }
 
 impl SpanIndex {
-    fn build(table: &DeTable<'_>) -> Self {
+    pub(crate) fn build(table: &DeTable<'_>) -> Self {
         let mut index = Self::default();
         index.walk_table(table, &mut Vec::new());
         index
@@ -104,9 +105,9 @@ impl SpanIndex {
 
 /// The result of analysing one file.
 #[derive(Debug)]
-pub(crate) struct Analysis {
+pub(crate) struct Analysis<T = KeelConfig> {
     /// What deserialized (after removing every offending key), `None` on a syntax error.
-    pub config: Option<KeelConfig>,
+    pub config: Option<T>,
     /// Problems, in the order found.
     pub diagnostics: Vec<Diagnostic>,
     /// Spans, for later checks.
@@ -145,8 +146,21 @@ impl Reporter<'_> {
     }
 }
 
-/// Parses, expands and deserializes `text`, collecting every problem.
+/// Parses, expands and deserializes keel.toml `text`, collecting every problem.
 pub(crate) fn analyze(text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>) -> Analysis {
+    analyze_as::<KeelConfig>(text, file, Some(env))
+}
+
+/// An environment lookup.
+pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Parses `text` as a `T`, collecting every problem; `${VAR}` references are expanded
+/// from `env` when it is given (keel.toml) and kept as written otherwise (agent files).
+pub(crate) fn analyze_as<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+    env: Option<EnvLookup<'_>>,
+) -> Analysis<T> {
     let (spanned, errors) = DeTable::parse_recoverable(text);
     let spans = SpanIndex::build(spanned.get_ref());
     if !errors.is_empty() {
@@ -197,8 +211,10 @@ pub(crate) fn analyze(text: &str, file: &str, env: &dyn Fn(&str) -> Option<Strin
         spans: &spans,
     };
     let mut diagnostics = Vec::new();
-    expand_table(&mut root, &mut Vec::new(), env, &reporter, &mut diagnostics);
-    let config = deserialize_all(root, &reporter, &mut diagnostics);
+    if let Some(env) = env {
+        expand_table(&mut root, &mut Vec::new(), env, &reporter, &mut diagnostics);
+    }
+    let config = deserialize_all::<T>(root, &reporter, &mut diagnostics);
     Analysis {
         config,
         diagnostics,
@@ -262,23 +278,30 @@ fn expand_value(
 }
 
 /// Deserializes, removing each offending node and retrying, so every problem is reported.
-fn deserialize_all(
+fn deserialize_all<T: serde::de::DeserializeOwned>(
     mut root: toml::Table,
     reporter: &Reporter<'_>,
     out: &mut Vec<Diagnostic>,
-) -> Option<KeelConfig> {
+) -> Option<T> {
     // Original indices still present in each array (arrays shrink as elements are removed).
     let mut array_maps: HashMap<String, Vec<usize>> = HashMap::new();
     let mut removed: Vec<String> = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let value = toml::Value::Table(root.clone());
-        let error = match serde_path_to_error::deserialize::<_, KeelConfig>(value) {
+        let error = match serde_path_to_error::deserialize::<_, T>(value) {
             Ok(config) => return Some(config),
             Err(error) => error,
         };
-        let current = to_segs(error.path());
+        let mut current = to_segs(error.path());
+        let mut message = error.inner().message().trim().to_string();
+        // An error inside an agent's HTTP tool table names its key path in the message.
+        if let Some(rest) = message.strip_prefix(INNER_PREFIX)
+            && let Some((inner, text)) = rest.split_once("`: ")
+        {
+            current.extend(crate::source::parse_key(inner));
+            message = text.to_string();
+        }
         let original = to_original(&current, &array_maps);
-        let message = error.inner().message().trim().to_string();
         let diagnostic = describe(&original, &message, reporter);
         let original_str = path_string(&original);
         // An error about a node we already removed a key from is a consequence of that
@@ -454,7 +477,7 @@ fn describe(path: &[Seg], message: &str, reporter: &Reporter<'_>) -> Diagnostic 
         );
     }
     let where_ = if key.is_empty() {
-        "keel.toml".to_string()
+        reporter.file.to_string()
     } else {
         format!("`{key}`")
     };

@@ -10,7 +10,7 @@ use keel_telemetry::TelemetryError;
 use crate::analyze::{Analysis, Reporter, Seg, analyze};
 use crate::diagnostic::{Diagnostic, DiagnosticCode, Severity, nearest};
 use crate::env::{load_dotenv, process_env};
-use crate::load::{DEFAULT_FILE, resolve_path};
+use crate::load::{ConfigError, DEFAULT_FILE, resolve_path};
 use crate::schema::{BUILTIN_PROVIDERS, KeelConfig, RetrySettings, split_spec};
 
 /// Checks the configuration `keel` would use from the current directory: `path`
@@ -244,6 +244,19 @@ pub(crate) fn semantic(
                     keys(&["agents", name, key]),
                     format!("`agents.{name}.{key}`: file `{}` does not exist (paths are relative to the directory of keel.toml)", file.display()),
                 ));
+            }
+        }
+    }
+    // Agent files: the same diagnostics as keel.toml, positions in the agent file.
+    for agent in config.agents.values() {
+        if let Some(file) = &agent.file
+            && base_dir.join(file).is_file()
+        {
+            let shown = file.display().to_string();
+            if let Err(ConfigError::Invalid { diagnostics, .. }) =
+                crate::agent::AgentDefinition::load(&base_dir.join(file), &shown)
+            {
+                out.extend(diagnostics);
             }
         }
     }

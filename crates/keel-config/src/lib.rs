@@ -6,25 +6,33 @@
 //! column — unknown keys with the nearest valid key, invalid values with the valid ones,
 //! unset environment variables, missing files).
 //!
+//! Agents have one schema ([`AgentDefinition`]): keel.toml `[agents.<name>]` tables and
+//! standalone agent files (e.g. the Detective's `agents/detective/agent.toml`) alike.
+//!
 //! This crate only reads and validates configuration. It must not build models, tools,
 //! stores or exporters, open network connections, or write files; the CLI turns the
-//! configuration into those, applying its flags on top (flags always win).
+//! configuration into those (keel-app does), applying flags on top (flags always win).
 
+pub mod agent;
 mod analyze;
 pub mod check;
 pub mod diagnostic;
 pub mod env;
 pub mod load;
 pub mod schema;
+pub mod source;
 
+pub use agent::{AgentDefinition, AgentFile, CriticConfig, RequiredCall, RequiredText, ToolEntry};
 pub use check::{check, check_in, check_str, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
 pub use schema::{
-    AgentConfig, ApprovalsConfig, BudgetConfig, ContextSection, ContextStrategyName, CriticConfig,
-    CriticRule, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig, OutputFormat,
-    PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig, ToolsConfig,
+    AgentConfig, ApprovalsConfig, BUILTIN_PROVIDERS, BudgetConfig, ContextSection,
+    ContextStrategyName, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig,
+    OutputFormat, PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig,
+    ToolsConfig, split_spec,
 };
+pub use source::Source;
 
 /// Re-exported so callers need not depend on the owning crates for these sections.
 pub use keel_mcp::McpServerConfig;

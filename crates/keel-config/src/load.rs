@@ -10,6 +10,7 @@ use crate::check::{load_blocking, semantic};
 use crate::diagnostic::{Diagnostic, render_text};
 use crate::env::{load_dotenv, process_env};
 use crate::schema::KeelConfig;
+use crate::source::Source;
 
 /// The file read when no `--config` is given.
 pub const DEFAULT_FILE: &str = "keel.toml";
@@ -25,9 +26,26 @@ pub struct LoadedConfig {
     pub base_dir: PathBuf,
     /// The `.env` file loaded, if any.
     pub dotenv: Option<PathBuf>,
+    /// The file's name (as shown in diagnostics), path and text, for locating problems
+    /// found later (an agent's unknown tool or model). Empty text when there was no file.
+    pub source: Source,
     /// Warnings and non-fatal problems (e.g. an unset API-key variable, a missing agent
     /// file) — the same findings `keel config check` reports.
     pub warnings: Vec<Diagnostic>,
+}
+
+impl LoadedConfig {
+    /// The defaults, as if `dir` had no keel.toml.
+    pub fn defaults(dir: &Path) -> Self {
+        Self {
+            config: KeelConfig::default(),
+            path: None,
+            base_dir: dir.to_path_buf(),
+            dotenv: None,
+            source: Source::new(DEFAULT_FILE, None, ""),
+            warnings: Vec::new(),
+        }
+    }
 }
 
 /// Why the configuration could not be loaded.
@@ -106,6 +124,7 @@ impl KeelConfig {
                     path: None,
                     base_dir: dir.to_path_buf(),
                     dotenv,
+                    source: Source::new(DEFAULT_FILE, None, ""),
                     warnings: Vec::new(),
                 });
             }
@@ -124,6 +143,7 @@ impl KeelConfig {
         match config {
             Some(config) if !load_blocking(&diagnostics) => Ok(LoadedConfig {
                 config,
+                source: Source::new(shown, Some(file.clone()), text),
                 path: Some(file),
                 base_dir,
                 dotenv,
@@ -161,10 +181,26 @@ impl KeelConfig {
     /// Parses configuration text, failing on the first blocking problems (all listed).
     /// `${VAR}` references are expanded from the process environment.
     pub fn from_toml_str(text: &str) -> Result<KeelConfig, ConfigError> {
-        let (config, diagnostics) =
-            Self::parse_with_env(text, DEFAULT_FILE, Path::new("."), &process_env);
+        Self::loaded_from_str(text, Path::new("."), &process_env).map(|loaded| loaded.config)
+    }
+
+    /// Parses configuration text as if it were `base_dir/keel.toml` (relative paths resolve
+    /// against `base_dir`), with an explicit environment; `.env` is not read.
+    pub fn loaded_from_str(
+        text: &str,
+        base_dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<LoadedConfig, ConfigError> {
+        let (config, diagnostics) = Self::parse_with_env(text, DEFAULT_FILE, base_dir, env);
         match config {
-            Some(config) if !load_blocking(&diagnostics) => Ok(config),
+            Some(config) if !load_blocking(&diagnostics) => Ok(LoadedConfig {
+                config,
+                path: None,
+                base_dir: base_dir.to_path_buf(),
+                dotenv: None,
+                source: Source::new(DEFAULT_FILE, None, text),
+                warnings: diagnostics,
+            }),
             _ => Err(ConfigError::Invalid {
                 path: PathBuf::from(DEFAULT_FILE),
                 diagnostics,

@@ -4,15 +4,13 @@
 //! `[[mcp.servers]]` entries are [`keel_mcp::McpServerConfig`], `[policies]` is
 //! [`keel_core::PolicyTable`].
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
 use keel_core::context::StrategyKind;
-use keel_core::{Budget, ObservationMode, PlannerMode, PolicyTable, RuleCritic};
+use keel_core::{Budget, PolicyTable};
 use keel_mcp::McpServerConfig;
 use keel_runtime::RunApprovalMode as ApprovalMode;
 use keel_telemetry::TelemetryConfig;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The default store URL.
 pub const DEFAULT_STORE_URL: &str = "sqlite://.keel/keel.db";
@@ -28,7 +26,7 @@ pub struct KeelConfig {
     /// `[models.<alias>]`: named model settings usable wherever a model spec is expected.
     pub models: BTreeMap<String, ModelConfig>,
     /// `[agents.<name>]`: agents declared inline or by reference to an agent file.
-    pub agents: BTreeMap<String, AgentConfig>,
+    pub agents: BTreeMap<String, crate::agent::AgentDefinition>,
     /// `[tools]`: which built-in tools are offered and declarative HTTP tools.
     pub tools: ToolsConfig,
     /// `[mcp]`: MCP servers connected at start-up.
@@ -144,48 +142,25 @@ pub struct PricingOverride {
     pub cache_write: f64,
 }
 
-/// `[agents.<name>]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AgentConfig {
-    /// An agent file (relative to keel.toml) holding the agent; the keys below override it.
-    pub file: Option<PathBuf>,
-    /// One line saying what the agent is for.
-    pub description: Option<String>,
-    /// System instructions.
-    pub instructions: Option<String>,
-    /// A file (relative to keel.toml) holding the instructions.
-    pub instructions_file: Option<PathBuf>,
-    /// Model: `provider:model` or a `[models.<alias>]` name.
-    pub model: Option<String>,
-    /// Tool names offered to the agent (built-in, HTTP and `<server>__<tool>` MCP tools).
-    pub tools: Vec<String>,
-    /// Run budget.
-    pub budget: Option<BudgetConfig>,
-    /// `native` or `structured`.
-    pub planner: Option<PlannerMode>,
-    /// What the model sees of tool results: `raw`, `normalized` or `both`.
-    pub observation: Option<ObservationMode>,
-    /// Rule critic checked on the final answer.
-    pub critic: Option<CriticConfig>,
-    /// Context window management.
-    pub context: Option<ContextSection>,
-    /// Approval mode of this agent's runs.
-    pub approve: Option<ApprovalMode>,
-}
+/// `[agents.<name>]`: the one agent schema, also used by standalone agent files.
+pub type AgentConfig = crate::agent::AgentDefinition;
 
-/// `[agents.<name>.budget]`. Unset fields keep the defaults (16 turns, 10 minutes); `0`
+/// An agent's `budget`. Unset fields keep the defaults (16 turns, 10 minutes); `0`
 /// means unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetConfig {
     /// Maximum model calls in a run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_turns: Option<u32>,
     /// Maximum wall-clock time of a run, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wall_clock_ms: Option<u64>,
     /// Maximum input plus output tokens over a run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
     /// Maximum cost over a run, in US dollars.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_cost_usd: Option<f64>,
 }
 
@@ -206,52 +181,6 @@ impl BudgetConfig {
             budget.max_cost_usd = (v > 0.0).then_some(v);
         }
         budget
-    }
-}
-
-/// `[agents.<name>.critic]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CriticConfig {
-    /// Rejections of a final answer allowed before the run fails with the critic's gaps.
-    pub max_rejections: Option<u32>,
-    /// The rules; all must hold for the final answer to be accepted.
-    pub rules: Vec<CriticRule>,
-}
-
-/// One rule of a rule critic (`[[agents.<name>.critic.rules]]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum CriticRule {
-    /// A successful call of `tool` whose arguments have every field of `args` non-empty.
-    RequireCall {
-        /// The tool.
-        tool: String,
-        /// Argument fields that must be present and non-empty.
-        #[serde(default)]
-        args: Vec<String>,
-    },
-    /// The final answer mentions `text` (case-insensitive); otherwise `gap` is reported.
-    RequireInAnswer {
-        /// The text to find.
-        text: String,
-        /// The gap reported when it is missing.
-        gap: String,
-    },
-}
-
-impl CriticConfig {
-    /// The rule critic these rules describe.
-    pub fn to_rule_critic(&self) -> RuleCritic {
-        self.rules
-            .iter()
-            .fold(RuleCritic::new(), |critic, rule| match rule {
-                CriticRule::RequireCall { tool, args } => {
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    critic.require_successful_call(tool, &args)
-                }
-                CriticRule::RequireInAnswer { text, gap } => critic.require_in_answer(text, gap),
-            })
     }
 }
 
@@ -286,13 +215,17 @@ impl ContextStrategyName {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextSection {
-    /// `truncate`, `summarize`, `importance` or `none`.
-    pub strategy: ContextStrategyName,
+    /// `truncate` (default), `summarize`, `importance` or `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<ContextStrategyName>,
     /// Overrides the model's context window, in tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u32>,
     /// Longest tool result the model sees, in characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tool_result_chars: Option<usize>,
     /// Longest a compaction may take, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
 
@@ -302,9 +235,8 @@ pub struct ContextSection {
 pub struct ToolsConfig {
     /// Built-in tools offered (`None`: all of them).
     pub builtin: Option<Vec<String>>,
-    /// Declarative HTTP tools (`[[tools.http]]`). Kept as tables here and validated by
-    /// keel-tools' HTTP tool configuration when the tools are built.
-    pub http: Vec<toml::Table>,
+    /// Declarative HTTP tools (`[[tools.http]]`), keel-tools' HTTP tool declarations.
+    pub http: Vec<keel_tools::HttpToolConfig>,
 }
 
 /// `[mcp]`.

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use keel_config::env::expand;
 use keel_config::{
-    ConfigError, ContextStrategyName, CriticRule, DiagnosticCode, KeelConfig, check_in, check_str,
-    render_json, render_text,
+    ConfigError, ContextStrategyName, DiagnosticCode, KeelConfig, check_in, check_str, render_json,
+    render_text,
 };
 use keel_core::{ObservationMode, PlannerMode, ToolErrorCode};
 
@@ -228,16 +228,15 @@ fn every_documented_section_parses_from_the_example() {
     );
     assert_eq!(
         helper.context.as_ref().unwrap().strategy,
-        ContextStrategyName::Truncate
+        Some(ContextStrategyName::Truncate)
     );
     let critic = helper.critic.as_ref().unwrap();
-    assert!(
-        matches!(&critic.rules[0], CriticRule::RequireCall { tool, .. } if tool == "calculator")
-    );
+    assert_eq!(critic.require_calls[0].tool, "calculator");
+    assert_eq!(critic.require_in_answer[0].text, "result");
     assert_eq!(config.tools.http.len(), 1);
     assert_eq!(
-        config.tools.http[0]["url"].as_str(),
-        Some("http://127.0.0.1:8787/releases/{id}/summary")
+        config.tools.http[0].url,
+        "http://127.0.0.1:8787/releases/{id}/summary"
     );
     assert_eq!(config.mcp.servers.len(), 2);
     assert_eq!(config.mcp.servers[0].transport_kind(), "stdio");

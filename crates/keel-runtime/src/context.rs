@@ -1,6 +1,7 @@
 //! The run context: where events go (store and observers), who answers approvals and
 //! questions, and the cancellation token of the run (seed 003's "run context").
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -147,6 +148,8 @@ pub struct RunContext {
     pub approvals: Arc<dyn ApprovalHandler>,
     /// How approvals are required and defaulted.
     pub approval_mode: ApprovalMode,
+    /// Per-tool approval modes (tool name → mode), over [`approval_mode`](Self::approval_mode).
+    pub tool_approval_modes: BTreeMap<String, ApprovalMode>,
     /// Who answers questions.
     pub user_input: Arc<dyn UserInputSource>,
     /// Cancels the run (Ctrl-C).
@@ -158,6 +161,7 @@ impl std::fmt::Debug for RunContext {
         f.debug_struct("RunContext")
             .field("observers", &self.observers.len())
             .field("approval_mode", &self.approval_mode)
+            .field("tool_approval_modes", &self.tool_approval_modes)
             .field("cancelled", &self.cancel.is_cancelled())
             .finish_non_exhaustive()
     }
@@ -178,6 +182,7 @@ impl RunContext {
             observers: Vec::new(),
             approvals: Arc::new(DeferAll),
             approval_mode: ApprovalMode::Auto,
+            tool_approval_modes: BTreeMap::new(),
             user_input: Arc::new(NoUserInput),
             cancel: CancellationToken::new(),
         }
@@ -199,6 +204,31 @@ impl RunContext {
     pub fn with_approval_mode(mut self, mode: ApprovalMode) -> Self {
         self.approval_mode = mode;
         self
+    }
+
+    /// Sets the approval mode of one tool's calls (over the run's mode).
+    pub fn with_tool_approval_mode(mut self, tool: impl Into<String>, mode: ApprovalMode) -> Self {
+        self.tool_approval_modes.insert(tool.into(), mode);
+        self
+    }
+
+    /// The approval mode of `tool`'s calls: its own mode when set, else the run's.
+    pub fn approval_mode_for(&self, tool: &str) -> ApprovalMode {
+        self.tool_approval_modes
+            .get(tool)
+            .copied()
+            .unwrap_or(self.approval_mode)
+    }
+
+    /// Whether a call of `tool` (declared `approval: always` or not) needs a decision: the
+    /// tool's own mode `ask` or `deny` says yes (`deny` then denies it), `auto` leaves it to
+    /// the declaration; without one, the run's mode `ask` says yes for every tool.
+    pub fn requires_approval(&self, tool: &str, declared_always: bool) -> bool {
+        match self.tool_approval_modes.get(tool) {
+            Some(ApprovalMode::Ask | ApprovalMode::Deny) => true,
+            Some(ApprovalMode::Auto) => declared_always,
+            None => declared_always || self.approval_mode == ApprovalMode::Ask,
+        }
     }
 
     /// Sets the user-input source.

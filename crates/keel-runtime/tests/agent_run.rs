@@ -230,3 +230,62 @@ fn typed_tools_get_schemas_from_their_types() {
     assert!(spec.output_schema.as_ref().unwrap()["properties"]["result"].is_object());
     assert!(spec.input_schema.get("$schema").is_none());
 }
+
+#[tokio::test]
+async fn a_per_tool_approval_mode_overrides_the_runs_mode() {
+    // The run's mode is `auto` (the calculator needs no approval), but the calculator's own
+    // mode is `ask`: its call pauses the run awaiting approval.
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("calculator", json!({"expression": "6*7"})),
+        ScriptStep::text("42"),
+    ]));
+    let agent = calculator_agent(model.clone());
+    let store = Arc::new(MemoryStore::new());
+    let ctx = RunContext::new(store.clone())
+        .with_tool_approval_mode("calculator", keel_runtime::RunApprovalMode::Ask);
+    assert_eq!(
+        ctx.approval_mode_for("calculator"),
+        keel_runtime::RunApprovalMode::Ask
+    );
+    assert_eq!(
+        ctx.approval_mode_for("delay"),
+        keel_runtime::RunApprovalMode::Auto
+    );
+    let mut thread = Thread::new();
+    let outcome = agent
+        .run(vec![Message::user("6*7?")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome.status,
+            keel_runtime::RunStatus::AwaitingApproval { ref tool, .. } if tool == "calculator"
+        ),
+        "{:?}",
+        outcome.status
+    );
+
+    // `deny` for the tool under an `ask` run: the call is denied without asking, the
+    // model is told, and the run ends.
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("calculator", json!({"expression": "6*7"})),
+        ScriptStep::text("I was not allowed to calculate."),
+    ]));
+    let agent = calculator_agent(model.clone());
+    let ctx = RunContext::new(store.clone())
+        .with_approval_mode(keel_runtime::RunApprovalMode::Ask)
+        .with_tool_approval_mode("calculator", keel_runtime::RunApprovalMode::Deny);
+    let mut thread = Thread::new();
+    let outcome = agent
+        .run(vec![Message::user("6*7?")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    let events = store.load(thread.id()).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ApprovalDenied { .. })),
+        "the calculator call was denied"
+    );
+}

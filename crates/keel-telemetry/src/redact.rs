@@ -79,6 +79,25 @@ fn compile(kind: &'static str, pattern: &str, check: Check) -> Result<Rule, rege
     })
 }
 
+/// The built-in rules for the default field names, compiled once per process: compiling
+/// them takes about a millisecond, and every redactor built from a configuration without
+/// extra fields (nearly all of them: each `keel config check`, each loaded keel.toml)
+/// would otherwise pay it again. `Regex` clones share the compiled program.
+fn default_rules() -> Result<Vec<Rule>, TelemetryError> {
+    static DEFAULT: std::sync::LazyLock<Result<Vec<Rule>, String>> =
+        std::sync::LazyLock::new(|| {
+            let names: Vec<String> = DEFAULT_SECRET_FIELDS
+                .iter()
+                .map(|s| (*s).to_string())
+                .collect();
+            builtin_rules(&names).map_err(|e| e.to_string())
+        });
+    DEFAULT.clone().map_err(|message| TelemetryError::Config {
+        field: "telemetry.redaction".into(),
+        message: format!("a built-in pattern does not compile: {message}"),
+    })
+}
+
 fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
     let names: Vec<String> = field_names
         .iter()
@@ -301,10 +320,14 @@ impl Redactor {
             }
             field_names.push(f.trim().to_string());
         }
-        let mut rules = builtin_rules(&field_names).map_err(|e| TelemetryError::Config {
-            field: "telemetry.redaction.fields".into(),
-            message: format!("a field name produced an invalid pattern: {e}"),
-        })?;
+        let mut rules = if config.fields.is_empty() {
+            default_rules()?
+        } else {
+            builtin_rules(&field_names).map_err(|e| TelemetryError::Config {
+                field: "telemetry.redaction.fields".into(),
+                message: format!("a field name produced an invalid pattern: {e}"),
+            })?
+        };
         for (i, p) in config.patterns.iter().enumerate() {
             let re = Regex::new(p).map_err(|e| TelemetryError::Config {
                 field: format!("telemetry.redaction.patterns[{i}]"),

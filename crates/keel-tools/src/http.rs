@@ -56,6 +56,25 @@ const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Time allowed to open a connection (bounded further by the tool's timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The one HTTP client every HTTP tool of the process sends through, built on first use.
+/// Building a client loads the system's trusted certificates (milliseconds each time, and a
+/// copy of the store per client) and each client keeps its own connection pool, so one per
+/// tool made start-up cost grow with the number of tools and kept tools that call the same
+/// host from sharing connections. Per-call settings live on each request instead: the
+/// tool's timeout (`send`), and redirects, which are never followed by the client — `send`
+/// follows them itself, dropping the configured headers when a hop leaves the origin.
+fn shared_client() -> Result<reqwest::Client, String> {
+    static CLIENT: std::sync::LazyLock<Result<reqwest::Client, String>> =
+        std::sync::LazyLock::new(|| {
+            reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|error| error.to_string())
+        });
+    CLIENT.clone()
+}
+
 /// An HTTP method of a declarative tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -427,16 +446,10 @@ impl HttpTool {
         if !problems.is_empty() {
             return Err(HttpToolError::Invalid { tool, problems });
         }
-        // Redirects are followed by `send`, which can drop the configured headers.
-        let client = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT.min(spec.timeout()))
-            .timeout(spec.timeout())
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| HttpToolError::Client {
-                tool: tool.clone(),
-                message: error.to_string(),
-            })?;
+        let client = shared_client().map_err(|message| HttpToolError::Client {
+            tool: tool.clone(),
+            message,
+        })?;
         Ok(Self {
             spec,
             method: config.method,

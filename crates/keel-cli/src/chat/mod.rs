@@ -40,8 +40,8 @@ pub struct ChatArgs {
 
 /// Runs `keel chat` until `/exit` or Ctrl-D (exit code 0).
 pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
-    let spec = args.agent.spec()?;
-    let built = spec.build(0)?;
+    let spec = args.agent.new_run_spec()?;
+    let built = spec.build(0).await?;
     let store = args.store.events().await?;
     let thread = match &args.thread {
         Some(id) => Thread::load(store.as_ref(), id)
@@ -53,8 +53,8 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::failure(format!("cannot start the input thread: {e}")))?;
     let printer = Arc::new(ChatPrinter::new());
     let (telemetry, trace_dir) = start_telemetry();
-    let mut context = RunContext::new(store.clone())
-        .with_approval_mode(spec.approve.mode())
+    let mut context = spec
+        .base_context(&built, store.clone())
         .with_observer(printer.clone())
         .with_approvals(Arc::new(InlineApprovals::new(
             input.clone(),

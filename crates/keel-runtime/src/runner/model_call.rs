@@ -19,7 +19,6 @@ use keel_core::{
 
 use crate::agent::Agent;
 use crate::compaction::{self, Prepared};
-use crate::context::ApprovalMode;
 use crate::journal::Journal;
 use crate::outcome::RunError;
 
@@ -448,9 +447,11 @@ async fn finish_call(
                 .tool_calls()
                 .map(|call| {
                     let spec = agent.executor.spec(&call.name);
-                    let requires_approval = spec.is_some()
-                        && (journal.ctx().approval_mode == ApprovalMode::Ask
-                            || spec.is_some_and(|s| s.approval == ToolApproval::Always));
+                    let requires_approval = spec.is_some_and(|s| {
+                        journal
+                            .ctx()
+                            .requires_approval(&call.name, s.approval == ToolApproval::Always)
+                    });
                     (
                         EventKind::ToolCallRequested {
                             call: call.clone(),

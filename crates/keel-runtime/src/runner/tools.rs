@@ -484,7 +484,7 @@ pub(super) async fn await_approval(
             })
             .await?;
     }
-    let decision = if journal.ctx().approval_mode == ApprovalMode::Deny {
+    let decision = if journal.ctx().approval_mode_for(&call.name) == ApprovalMode::Deny {
         ApprovalDecision::Deny {
             reason: Some("approvals are set to deny".into()),
         }
