@@ -27,7 +27,10 @@
 //!   [`AppendDurability::Sync`] fsyncs the group of one append whatever the level.
 //!   Other processes' writers wait up to the busy timeout (5 s by default) for the lock.
 //! - `load` is one query ordered by the primary key; listing threads reads the `threads`
-//!   summary table (maintained in the append transaction), never the events.
+//!   summary table (maintained in the append transaction). On SQLite a running thread's
+//!   row is rewritten only when its status or agent changes (migration `0004`: fewer
+//!   B-tree pages per commit), so a listing reads a running thread's count and time from
+//!   its last event.
 //! - Events are stored whole as JSON (Postgres: `json`, which keeps the exact text and,
 //!   unlike `jsonb`, accepts the NUL character), with `thread_id`, `seq`, `type`, `run_id`
 //!   and `ts` copied into indexed columns. Times are stored as integer nanoseconds so a

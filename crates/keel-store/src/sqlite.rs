@@ -3,11 +3,12 @@
 //! Every write goes through the store's group-commit writer
 //! ([`crate::sqlite_writer`]): one thread, one connection, one transaction per group of
 //! concurrent writes. An append is, inside that transaction and under its own savepoint,
-//! an `UPDATE` of the thread's summary row guarded by the expected event count (the
-//! optimistic-concurrency check), one cached `INSERT` per event (a `UNIQUE(thread_id,
-//! seq)` constraint backs the check). Reads (`load`, `list_threads`, queue lookups) use a
-//! small sqlx pool; WAL lets them run beside the writer, and they see every append that
-//! has returned. `load` is one `SELECT` ordered by `seq`.
+//! the optimistic-concurrency check (the thread's last `seq`, read from the events'
+//! `UNIQUE(thread_id, seq)` key, which also backs it), the summary row unless the thread
+//! is running and stays so (migration `0004`: most batches write no summary page), and one
+//! cached `INSERT` per event. Reads (`load`, queue lookups, `list_threads` — which takes a
+//! running thread's count and time from its last event) see every append that has
+//! returned; WAL lets them run beside the writer. `load` is one `SELECT` ordered by `seq`.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -20,7 +21,7 @@ use keel_core::event::Event;
 use keel_core::store::{
     AppendDurability, EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch,
 };
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -182,16 +183,16 @@ fn summary_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<ThreadSummary, Stor
     .into_summary()
 }
 
-/// The event count of a thread (0 when it does not exist), on the writer's connection.
+/// The event count of a thread (0 when it does not exist), on the writer's connection:
+/// the last `seq` plus one, read from the events' `(thread_id, seq)` key.
 fn event_count(conn: &Connection, thread_id: &str) -> Result<i64, StoreError> {
     let mut stmt = conn
-        .prepare_cached("SELECT event_count FROM threads WHERE thread_id = ?1")
-        .map_err(|e| backend("sqlite read event_count", e))?;
-    let count: Option<i64> = stmt
+        .prepare_cached("SELECT max(seq) FROM events WHERE thread_id = ?1")
+        .map_err(|e| backend("sqlite read the last seq", e))?;
+    let last: Option<i64> = stmt
         .query_row([thread_id], |row| row.get(0))
-        .optional()
-        .map_err(|e| backend("sqlite read event_count", e))?;
-    Ok(count.unwrap_or(0))
+        .map_err(|e| backend("sqlite read the last seq", e))?;
+    Ok(last.map_or(0, |seq| seq.saturating_add(1)))
 }
 
 /// Whether a rusqlite error is a UNIQUE / PRIMARY KEY violation.
@@ -222,8 +223,10 @@ fn insert_events(conn: &Connection, thread_id: &str, batch: &Batch) -> Result<()
 }
 
 /// Writes a checked, non-empty batch on the writer's connection (inside its group
-/// transaction): the guarded summary update (or insert for a new thread), then the
-/// events. On `Err` the writer rolls this job back to its savepoint.
+/// transaction): the optimistic-concurrency check against the events' last `seq`, the
+/// summary row (inserted for a new thread; updated unless the thread is running and stays
+/// so with the same agent — migration `0004`), then the events. On `Err` the writer rolls
+/// this job back to its savepoint.
 fn write_batch(
     conn: &Connection,
     thread_id: &str,
@@ -231,54 +234,58 @@ fn write_batch(
     batch: &Batch,
 ) -> Result<(), StoreError> {
     let expected_i = to_i64("expected_next_seq", expected)?;
+    let actual = event_count(conn, thread_id)?;
+    if actual != expected_i {
+        return Err(conflict(thread_id, expected, actual));
+    }
     let count = i64::try_from(batch.rows.len()).unwrap_or(i64::MAX);
-    let (status, end_state) = match batch.status.map(status_columns) {
-        Some((s, e)) => (Some(s), e),
-        None => (None, None),
-    };
-    let updated = conn
-        .prepare_cached(
-            "UPDATE threads SET event_count = event_count + ?1, status = COALESCE(?2, status), \
-             end_state = CASE WHEN ?2 IS NULL THEN end_state ELSE ?3 END, agent = COALESCE(?4, agent), \
-             updated_at = ?5 WHERE thread_id = ?6 AND event_count = ?7",
+    let inserted = if expected == 0 {
+        let (status, end_state) = status_columns(batch.initial_status());
+        conn.prepare_cached(
+            "INSERT INTO threads (thread_id, agent, status, end_state, event_count, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
+                thread_id,
+                batch.agent.as_deref(),
+                status,
+                end_state,
                 count,
+                batch.first_ts,
+                batch.last_ts
+            ])
+        })
+        .map_err(|e| backend("sqlite insert thread", e))?
+    } else {
+        0
+    };
+    if inserted == 0 {
+        // The row is rewritten unless the thread is running and stays so with the same
+        // agent (most batches): a running thread's count and time are read from its last
+        // event instead (`list_threads`), every other row stays exact.
+        let (status, end_state) = match batch.status.map(status_columns) {
+            Some((s, e)) => (Some(s), e),
+            None => (None, None),
+        };
+        conn.prepare_cached(
+            "UPDATE threads SET status = COALESCE(?1, status), \
+             end_state = CASE WHEN ?1 IS NULL THEN end_state ELSE ?2 END, \
+             agent = COALESCE(?3, agent), event_count = ?4, updated_at = ?5 WHERE thread_id = ?6 \
+             AND (status <> 'running' OR (?1 IS NOT NULL AND (status IS NOT ?1 OR end_state IS NOT ?2)) \
+                  OR (?3 IS NOT NULL AND agent IS NOT ?3))",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
                 status,
                 end_state,
                 batch.agent.as_deref(),
+                expected_i.saturating_add(count),
                 batch.last_ts,
-                thread_id,
-                expected_i
+                thread_id
             ])
         })
         .map_err(|e| backend("sqlite update thread", e))?;
-    if updated == 0 {
-        if expected != 0 {
-            return Err(conflict(thread_id, expected, event_count(conn, thread_id)?));
-        }
-        let (status, end_state) = status_columns(batch.initial_status());
-        let inserted = conn
-            .prepare_cached(
-                "INSERT INTO threads (thread_id, agent, status, end_state, event_count, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    thread_id,
-                    batch.agent.as_deref(),
-                    status,
-                    end_state,
-                    count,
-                    batch.first_ts,
-                    batch.last_ts
-                ])
-            })
-            .map_err(|e| backend("sqlite insert thread", e))?;
-        if inserted == 0 {
-            return Err(conflict(thread_id, expected, event_count(conn, thread_id)?));
-        }
     }
     match insert_events(conn, thread_id, batch) {
         Ok(()) => Ok(()),
@@ -343,8 +350,17 @@ impl EventStore for SqliteStore {
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
+        // A running thread's summary row is not rewritten by every append (migration
+        // `0004`): its count and time come from its last event; every other row is exact.
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT thread_id, agent, status, end_state, event_count, created_at, updated_at FROM threads WHERE 1 = 1",
+            "SELECT thread_id, agent, status, end_state, event_count, created_at, updated_at FROM ( \
+             SELECT thread_id, agent, status, end_state, event_count, created_at, updated_at \
+             FROM threads WHERE status <> 'running' \
+             UNION ALL \
+             SELECT t.thread_id, t.agent, t.status, t.end_state, e.seq + 1, t.created_at, e.ts \
+             FROM threads t JOIN events e ON e.rowid = (SELECT m.rowid FROM events m \
+             WHERE m.thread_id = t.thread_id ORDER BY m.seq DESC LIMIT 1) \
+             WHERE t.status = 'running') WHERE 1 = 1",
         );
         if let Some(agent) = &filter.agent {
             q.push(" AND agent = ").push_bind(agent.clone());
@@ -427,6 +443,7 @@ impl EventStore for SqliteStore {
         let cutoff = ts_to_ns_saturating(cutoff);
         self.writer
             .call(AppendDurability::Default, move |conn: &Connection| {
+                // An ended thread's summary row is exact (migration `0004`).
                 conn.execute(
                     "DELETE FROM events WHERE thread_id IN \
                      (SELECT thread_id FROM threads WHERE status = 'ended' AND updated_at < ?1)",

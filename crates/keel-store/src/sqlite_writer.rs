@@ -472,7 +472,7 @@ fn run_group(
         conn.execute_batch("PRAGMA synchronous = FULL")
             .map_err(|e| fail("raising synchronous to FULL", e))?;
     }
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         let busy = matches!(
             e.sqlite_error_code(),
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -493,14 +493,14 @@ fn run_group(
             }
             continue;
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = run_cached(conn, "SAVEPOINT job") {
             let failure = fail("savepoint", e);
             let _ = rollback(conn);
             return Err(failure);
         }
         let keep = job.run(conn);
         let end = if keep {
-            conn.execute_batch("RELEASE job")
+            run_cached(conn, "RELEASE job")
         } else {
             conn.execute_batch("ROLLBACK TO job; RELEASE job")
         };
@@ -510,12 +510,19 @@ fn run_group(
             return Err(failure);
         }
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
+    if let Err(e) = run_cached(conn, "COMMIT") {
         let failure = fail("commit", e);
         let _ = rollback(conn);
         return Err(failure);
     }
     Ok(())
+}
+
+/// Runs a statement without parameters from the connection's statement cache: the
+/// transaction and savepoint statements run several times per group, and `execute_batch`
+/// would parse them every time.
+fn run_cached(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn rollback(conn: &Connection) -> Result<(), rusqlite::Error> {

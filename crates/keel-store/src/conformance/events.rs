@@ -318,13 +318,16 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
                 arguments: "{}".into(),
             },
         ),
-        event("t2", 2, 30, notice("n", "status unchanged")),
     ];
+    // A later batch that changes nothing in the summary but its count and time.
+    let t2b = vec![event("t2", 2, 30, notice("n", "status unchanged"))];
     let t3a = vec![
         event("t3", 0, 5, run_started("a")),
         event("t3", 1, 6, run_ended(EndState::Done)),
     ];
     let t3b = vec![event("t3", 2, 40, run_started("b"))];
+    // The running thread's count and time move with a batch that leaves it running.
+    let t3c = vec![event("t3", 3, 45, notice("n", "still running"))];
     let t4 = vec![
         event("t4", 0, 1, run_started("a")),
         event("t4", 1, 35, run_ended(EndState::Failed)),
@@ -332,8 +335,10 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
     for (id, from, batch) in [
         ("t1", 0, &t1),
         ("t2", 0, &t2),
+        ("t2", 2, &t2b),
         ("t3", 0, &t3a),
         ("t3", 2, &t3b),
+        ("t3", 3, &t3c),
         ("t4", 0, &t4),
     ] {
         store
@@ -355,14 +360,16 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
     let t3 = all.first().ok_or_else(|| fail(C, "empty list"))?;
     ensure_eq(C, "t3 agent (latest run)", t3.agent.as_deref(), Some("b"))?;
     ensure_eq(C, "t3 status", t3.status, ThreadStatus::Running)?;
-    ensure_eq(C, "t3 event_count", t3.event_count, 3)?;
+    ensure_eq(C, "t3 event_count", t3.event_count, 4)?;
     ensure_eq(C, "t3 created_at", t3.created_at, at(5))?;
-    ensure_eq(C, "t3 updated_at", t3.updated_at, at(40))?;
+    ensure_eq(C, "t3 updated_at", t3.updated_at, at(45))?;
     let t2s = all
         .iter()
         .find(|s| s.thread_id == "t2")
         .ok_or_else(|| fail(C, "t2 missing"))?;
     ensure_eq(C, "t2 status", t2s.status, ThreadStatus::AwaitingApproval)?;
+    ensure_eq(C, "t2 event_count", t2s.event_count, 3)?;
+    ensure_eq(C, "t2 updated_at", t2s.updated_at, at(30))?;
     let by_agent = store
         .list_threads(&ThreadFilter {
             agent: Some("a".into()),
@@ -383,6 +390,20 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
         "updated_since (inclusive)",
         ids(&since),
         vec!["t3".into(), "t4".into(), "t2".into()],
+    )?;
+    let latest = store
+        .list_threads(&ThreadFilter {
+            updated_since: Some(at(42)),
+            status: Some(ThreadStatus::Running),
+            ..Default::default()
+        })
+        .await
+        .map_err(backend(C, "list running since"))?;
+    ensure_eq(
+        C,
+        "running, updated_since its last event",
+        ids(&latest),
+        vec!["t3".into()],
     )?;
     let done = store
         .list_threads(&ThreadFilter {
@@ -545,6 +566,12 @@ pub async fn purge(store: Arc<dyn EventStore>) -> R {
         event("p-new", 0, 0, run_started("a")),
         event("p-new", 1, 100, run_ended(EndState::Failed)),
     ];
+    // Ended before the cutoff, but its last event (a later batch) is after it.
+    let late_done = vec![
+        event("p-late", 0, 0, run_started("a")),
+        event("p-late", 1, 10, run_ended(EndState::Done)),
+    ];
+    let late_notice = vec![event("p-late", 2, 60, notice("n", "after the end"))];
     let old_running = vec![event("p-run", 0, 0, run_started("a"))];
     let old_waiting = vec![
         event("p-wait", 0, 0, run_started("a")),
@@ -563,12 +590,17 @@ pub async fn purge(store: Arc<dyn EventStore>) -> R {
         ("p-new", &new_done),
         ("p-run", &old_running),
         ("p-wait", &old_waiting),
+        ("p-late", &late_done),
     ] {
         store
             .append(id, 0, batch)
             .await
             .map_err(backend(C, "append"))?;
     }
+    store
+        .append("p-late", 2, &late_notice)
+        .await
+        .map_err(backend(C, "append"))?;
     let purged = store
         .purge_ended_before(at(50))
         .await
@@ -583,7 +615,7 @@ pub async fn purge(store: Arc<dyn EventStore>) -> R {
             .is_empty(),
         || "old ended thread kept".into(),
     )?;
-    for id in ["p-new", "p-run", "p-wait"] {
+    for id in ["p-new", "p-run", "p-wait", "p-late"] {
         ensure(
             C,
             !store.load(id).await.map_err(backend(C, "load"))?.is_empty(),

@@ -1,0 +1,14 @@
+-- A running thread's summary row is no longer rewritten by every append (issue 13,
+-- ./scripts/bench W1): each append used to update the row and move its entry in
+-- `threads_by_updated` (and in `threads_by_status`, which SQLite rewrites whenever the
+-- column is SET, even to the same value), three more B-tree pages (4 KB WAL frames each)
+-- per commit for a count and a time that the events themselves hold. Since this migration:
+--   - the optimistic-concurrency check reads the thread's last `seq` from the events'
+--     `(thread_id, seq)` key instead of `threads.event_count`;
+--   - the row is written when the thread is created, when a batch changes its status or
+--     agent, and for every batch appended to a thread that is not running: only a running
+--     thread's `event_count` and `updated_at` may lag (as of its last status change), and
+--     `list_threads` reads those two from the thread's last event;
+--   - listing sorts the summary rows instead of walking this index (a running thread's
+--     time is not in the row), so the index goes.
+DROP INDEX IF EXISTS threads_by_updated;
