@@ -80,9 +80,9 @@ fn compile(kind: &'static str, pattern: &str, check: Check) -> Result<Rule, rege
 }
 
 /// The built-in rules for the default field names, compiled once per process: compiling
-/// them takes about a millisecond, and every redactor built from a configuration without
-/// extra fields (nearly all of them: each `keel config check`, each loaded keel.toml)
-/// would otherwise pay it again. `Regex` clones share the compiled program.
+/// them takes about a millisecond, and every redactor (each `keel config check`, each
+/// loaded keel.toml) would otherwise pay it again; a configuration with extra fields
+/// recompiles only the field rule. `Regex` clones share the compiled program.
 fn default_rules() -> Result<Vec<Rule>, TelemetryError> {
     static DEFAULT: std::sync::LazyLock<Result<Vec<Rule>, String>> =
         std::sync::LazyLock::new(|| {
@@ -98,7 +98,9 @@ fn default_rules() -> Result<Vec<Rule>, TelemetryError> {
     })
 }
 
-fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
+/// The rule redacting `key=value`, `key: value` and `"key": "value"` where the key names a
+/// secret: the only built-in rule that depends on the configured field names.
+fn secret_field_rule(field_names: &[String]) -> Result<Rule, regex::Error> {
     let names: Vec<String> = field_names
         .iter()
         .map(|f| {
@@ -110,6 +112,16 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
         })
         .collect();
     let key_alt = names.join("|");
+    compile(
+        "secret_field",
+        &format!(
+            r#"(?i)(?:\\?["'])?\b(?:{key_alt})\b(?:\\?["'])?\s*[:=]\s*(?:"(?P<s>(?:[^"\\]|\\.)*)"|'(?P<s2>[^']*)'|\\"(?P<s3>(?:[^"\\]|\\[^"])*)\\"|(?P<s4>[^\s"',;&}}\]]+))"#
+        ),
+        Check::None,
+    )
+}
+
+fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
     Ok(vec![
         // A whole key block; or, when the END line is missing (truncated output), the
         // base64 body and PEM headers after BEGIN, also when newlines are JSON-escaped.
@@ -150,13 +162,7 @@ fn builtin_rules(field_names: &[String]) -> Result<Vec<Rule>, regex::Error> {
             Check::None,
         )?,
         // key=value, key: value, "key": "value" where key names a secret.
-        compile(
-            "secret_field",
-            &format!(
-                r#"(?i)(?:\\?["'])?\b(?:{key_alt})\b(?:\\?["'])?\s*[:=]\s*(?:"(?P<s>(?:[^"\\]|\\.)*)"|'(?P<s2>[^']*)'|\\"(?P<s3>(?:[^"\\]|\\[^"])*)\\"|(?P<s4>[^\s"',;&}}\]]+))"#
-            ),
-            Check::None,
-        )?,
+        secret_field_rule(field_names)?,
         // Credentials in URL query strings and form bodies: `?token=`, `&sig=`,
         // `signature=`, `key=`, `access_token=`, `X-Amz-Signature=`, `client_secret=`, …
         // (a value already replaced by an earlier rule, `[REDACTED…`, is left alone).
@@ -320,14 +326,18 @@ impl Redactor {
             }
             field_names.push(f.trim().to_string());
         }
-        let mut rules = if config.fields.is_empty() {
-            default_rules()?
-        } else {
-            builtin_rules(&field_names).map_err(|e| TelemetryError::Config {
-                field: "telemetry.redaction.fields".into(),
-                message: format!("a field name produced an invalid pattern: {e}"),
-            })?
-        };
+        let mut rules = default_rules()?;
+        if !config.fields.is_empty() {
+            // Only the field rule depends on the names; the other rules stay shared.
+            let field_rule =
+                secret_field_rule(&field_names).map_err(|e| TelemetryError::Config {
+                    field: "telemetry.redaction.fields".into(),
+                    message: format!("a field name produced an invalid pattern: {e}"),
+                })?;
+            for rule in rules.iter_mut().filter(|rule| rule.kind == "secret_field") {
+                *rule = field_rule.clone();
+            }
+        }
         for (i, p) in config.patterns.iter().enumerate() {
             let re = Regex::new(p).map_err(|e| TelemetryError::Config {
                 field: format!("telemetry.redaction.patterns[{i}]"),
