@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use keel_config::{Diagnostic, DiagnosticCode, KeelConfig, check_str, render_json, render_text};
+use keel_config::{Diagnostic, KeelConfig, check_str, load_blocking, render_json, render_text};
 use libfuzzer_sys::fuzz_target;
 
 const FILE: &str = "keel.toml";
@@ -21,22 +21,6 @@ fn env(name: &str) -> Option<String> {
         "EMPTY" => Some(String::new()),
         _ => None,
     }
-}
-
-/// The rule `KeelConfig::load` applies (`keel_config::check::load_blocking`).
-fn blocking(diagnostics: &[Diagnostic]) -> bool {
-    diagnostics.iter().any(|d| {
-        d.is_error()
-            && matches!(
-                d.code,
-                DiagnosticCode::Syntax
-                    | DiagnosticCode::UnknownKey
-                    | DiagnosticCode::InvalidValue
-                    | DiagnosticCode::MissingKey
-                    | DiagnosticCode::MissingEnv
-                    | DiagnosticCode::Io
-            )
-    })
 }
 
 fn check_positions(text: &str, diagnostics: &[Diagnostic]) {
@@ -83,12 +67,12 @@ fuzz_target!(|data: &[u8]| {
 
     let Some(config) = config else {
         assert!(
-            blocking(&diagnostics) || !diagnostics.is_empty(),
+            load_blocking(&diagnostics) || !diagnostics.is_empty(),
             "no config and no diagnostic"
         );
         return;
     };
-    if blocking(&diagnostics) {
+    if load_blocking(&diagnostics) {
         return;
     }
     let Ok(again) = toml::to_string(&config) else {
@@ -100,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let (reparsed, second) = KeelConfig::parse_with_env(&again, FILE, Path::new(BASE), &env);
     assert!(
-        !blocking(&second),
+        !load_blocking(&second),
         "serialized config does not load:\n{again}\n{second:?}"
     );
     let reparsed = reparsed.unwrap_or_else(|| panic!("serialized config does not parse:\n{again}"));

@@ -393,8 +393,9 @@ pub fn store_url_problem(url: &str) -> Option<String> {
     None
 }
 
-/// Whether `config` (already loaded) has problems a run cannot survive; used by `load`.
-pub(crate) fn load_blocking(diagnostics: &[Diagnostic]) -> bool {
+/// Whether these diagnostics stop a configuration from loading (the rule `load` applies:
+/// the others are warnings then, because a flag may make them irrelevant).
+pub fn load_blocking(diagnostics: &[Diagnostic]) -> bool {
     diagnostics.iter().any(|d| {
         d.is_error()
             && matches!(

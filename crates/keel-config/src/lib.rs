@@ -23,7 +23,7 @@ pub mod schema;
 pub mod source;
 
 pub use agent::{AgentDefinition, AgentFile, CriticConfig, RequiredCall, RequiredText, ToolEntry};
-pub use check::{check, check_in, check_str, store_url_problem};
+pub use check::{check, check_in, check_str, load_blocking, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
 pub use schema::{
