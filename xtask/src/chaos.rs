@@ -7,7 +7,7 @@
 //!
 //! Every conversation books an order, checks stock, hits `failure_injection`, notifies
 //! the customer and answers (three model calls when nothing fails). A run that still ends
-//! `failed` on a retryable model error is resumed (`Agent::resume`, issue 14 defect 17).
+//! `failed` on a retryable model error is resumed (`ToolAgent::resume`, issue 14 defect 17).
 //!
 //! Asserted ([`ChaosReport::failures`]): every conversation ends in a terminal state; no
 //! panic anywhere; no orphan tool result (nor unanswered call) in any request the mock
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use keel_core::{EndState, EventKind, EventStore, Message};
 use keel_providers::{Jitter, ProviderOptions, RetryConfig, model_from_spec};
-use keel_runtime::{Agent, RunContext, RunStatus, Thread};
+use keel_runtime::{RunContext, RunStatus, Thread, ToolAgent};
 use keel_testkit::mock_llm::{
     ChaosFault, MockChaos, MockLlmServer, MockRequest, MockScript, MockServerOptions, MockTurn,
     TurnBy, WhenExhausted,
@@ -239,7 +239,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<ChaosReport> {
         let model = model_from_spec(spec, &provider).with_context(|| format!("model {spec}"))?;
         let tools = crate::tools::registry(&effects, faults).context("registering the tools")?;
         agents.push(Arc::new(
-            Agent::builder("chaos", model)
+            ToolAgent::builder("chaos", model)
                 .instructions("Book the order, check stock, notify the customer, then answer.")
                 .tools(tools)
                 .build(),
@@ -285,7 +285,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<ChaosReport> {
 }
 
 /// One conversation: a run, and resumes while it ends `failed` and resumable.
-async fn conversation(agent: &Agent, store: Arc<dyn EventStore>, index: usize) -> Conversation {
+async fn conversation(agent: &ToolAgent, store: Arc<dyn EventStore>, index: usize) -> Conversation {
     let started = Instant::now();
     let ctx = RunContext::new(store.clone());
     let thread_id = format!("chaos-{index:05}");

@@ -1,6 +1,6 @@
 //! Keel's reliability harness (issue 14), run as `cargo xtask chaos` and `cargo xtask
 //! soak` (see `docs/reliability.md`). Everything runs in one process: real agents
-//! ([`keel_runtime::Agent`]) on real providers ([`keel_providers`], `openai:` and
+//! ([`keel_runtime::ToolAgent`]) on real providers ([`keel_providers`], `openai:` and
 //! `anthropic:`) talking HTTP to the loopback mock LLM of `keel-testkit`, with real tools
 //! and a memory or SQLite store.
 //!

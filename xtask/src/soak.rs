@@ -23,7 +23,7 @@ use anyhow::Context;
 use keel_core::context::StrategyKind;
 use keel_core::{EndState, EventKind, EventStore, Message, ToolRegistry};
 use keel_providers::{ProviderOptions, model_from_spec};
-use keel_runtime::{Agent, RunContext, Thread};
+use keel_runtime::{RunContext, Thread, ToolAgent};
 use keel_testkit::mock_llm::{
     MockLlmServer, MockScript, MockServerOptions, MockTurn, TurnBy, WhenExhausted,
 };
@@ -249,7 +249,7 @@ fn summarizer_script() -> MockScript {
 }
 
 /// The agents of one phase: one per provider, each with its own HTTP clients.
-fn agents(main: &str, summaries: &str, window: u32) -> anyhow::Result<Vec<Arc<Agent>>> {
+fn agents(main: &str, summaries: &str, window: u32) -> anyhow::Result<Vec<Arc<ToolAgent>>> {
     let options = |base: &str| ProviderOptions {
         base_url: Some(base.to_string()),
         api_key: Some("soak".into()),
@@ -266,7 +266,7 @@ fn agents(main: &str, summaries: &str, window: u32) -> anyhow::Result<Vec<Arc<Ag
             .register_typed(keel_tools::Calculator)
             .context("registering the calculator")?;
         out.push(Arc::new(
-            Agent::builder("soak", model)
+            ToolAgent::builder("soak", model)
                 .instructions("Answer arithmetic questions with the calculator.")
                 .tools(tools)
                 .context_strategy(StrategyKind::Summarize)
@@ -351,7 +351,7 @@ pub async fn run(options: SoakOptions) -> anyhow::Result<SoakReport> {
 /// Drives every conversation, C at a time. Returns the sample taken as the warm-up
 /// conversations had finished, and resident memory at every tenth of them.
 async fn drive(
-    agents: &[Arc<Agent>],
+    agents: &[Arc<ToolAgent>],
     store: &Arc<dyn EventStore>,
     options: &SoakOptions,
     tally: &Arc<Tally>,
@@ -403,7 +403,7 @@ async fn drive(
 
 /// One conversation: `turns` runs on one thread, then the thread is deleted.
 async fn conversation(
-    agent: &Agent,
+    agent: &ToolAgent,
     store: Arc<dyn EventStore>,
     index: usize,
     turns: usize,

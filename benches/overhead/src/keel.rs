@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use keel_core::{EndState, EventStore, MemoryStore, Message, ToolRegistry};
 use keel_providers::{ProviderOptions, model_from_spec};
-use keel_runtime::{Agent, RunContext, Thread};
+use keel_runtime::{RunContext, Thread, ToolAgent};
 use keel_store::{PostgresOptions, PostgresStore, SqliteStore};
 use serde_json::json;
 
@@ -28,7 +28,7 @@ pub enum StoreKind {
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// The agent every Keel configuration runs.
-pub fn agent(model: &str, base_url: &str) -> anyhow::Result<Agent> {
+pub fn agent(model: &str, base_url: &str) -> anyhow::Result<ToolAgent> {
     let options = ProviderOptions {
         base_url: Some(base_url.to_owned()),
         api_key: Some("bench".into()),
@@ -41,7 +41,7 @@ pub fn agent(model: &str, base_url: &str) -> anyhow::Result<Agent> {
     tools
         .register_typed(keel_tools::Calculator)
         .context("registering the calculator tool")?;
-    Ok(Agent::builder("bench", model)
+    Ok(ToolAgent::builder("bench", model)
         .instructions("Answer arithmetic questions; use the calculator.")
         .tools(tools)
         .build())
@@ -145,12 +145,16 @@ impl OpenStore {
 
 /// One conversation: a new thread, one user message, run to the end. Returns the number
 /// of model requests made.
-pub async fn conversation(agent: &Agent, ctx: &RunContext, prompt: &str) -> anyhow::Result<u32> {
+pub async fn conversation(
+    agent: &ToolAgent,
+    ctx: &RunContext,
+    prompt: &str,
+) -> anyhow::Result<u32> {
     let mut thread = Thread::new();
     let outcome = agent
         .run(vec![Message::user(prompt)], &mut thread, ctx)
         .await
-        .context("Agent::run")?;
+        .context("ToolAgent::run")?;
     if outcome.end_state() != Some(EndState::Done) {
         bail!(
             "the run ended as {:?} ({})",

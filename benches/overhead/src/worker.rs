@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use keel_runtime::{Agent, RunContext};
+use keel_runtime::{RunContext, ToolAgent};
 use serde::{Deserialize, Serialize};
 
 use crate::bare::{Bare, RequestTemplate};
@@ -94,7 +94,7 @@ pub struct Report {
 
 enum Client {
     Bare(Bare),
-    Keel(Box<Agent>, RunContext),
+    Keel(Box<ToolAgent>, RunContext),
 }
 
 impl Client {

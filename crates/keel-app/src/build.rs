@@ -13,7 +13,7 @@ use std::time::Duration;
 use keel_config::{AgentDefinition, Diagnostic, DiagnosticCode, ToolEntry};
 use keel_core::context::StrategyKind;
 use keel_core::{Model, RuleCritic, ToolRegistry};
-use keel_runtime::{Agent, AgentBuilder, RunApprovalMode};
+use keel_runtime::{RunApprovalMode, ToolAgent, ToolAgentBuilder};
 
 use crate::App;
 use crate::definition::{AgentRef, Resolved};
@@ -86,14 +86,19 @@ pub struct Resolution {
 }
 
 /// Located problems collected while checking one definition.
-struct Problems<'a> {
+pub(crate) struct Problems<'a> {
     resolved: Option<&'a Resolved>,
     found: Vec<Diagnostic>,
     unlocated: Vec<String>,
 }
 
 impl Problems<'_> {
-    fn add(&mut self, code: DiagnosticCode, key: &str, message: String) {
+    /// Diagnostics already located (e.g. in another agent's file).
+    pub(crate) fn extend(&mut self, diagnostics: Vec<Diagnostic>) {
+        self.found.extend(diagnostics);
+    }
+
+    pub(crate) fn add(&mut self, code: DiagnosticCode, key: &str, message: String) {
         match self.resolved.map(|r| r.error(code, key, message.clone())) {
             Some(AppError::Located(diagnostics)) => self.found.extend(diagnostics),
             _ => self.unlocated.push(message),
@@ -114,12 +119,18 @@ impl Problems<'_> {
 pub(crate) async fn agent_builder(
     app: &App,
     request: &AgentRequest,
-) -> Result<(AgentBuilder, Resolution), AppError> {
+) -> Result<(ToolAgentBuilder, Resolution), AppError> {
     let config = app.config();
     let resolved = match &request.agent {
         Some(reference) => Some(Resolved::load(app.loaded(), reference)?),
         None => None,
     };
+    if let Some(refused) = resolved
+        .as_ref()
+        .and_then(crate::responses::not_a_tool_agent)
+    {
+        return Err(refused);
+    }
     let empty = AgentDefinition::default();
     let def = resolved.as_ref().map_or(&empty, |r| &r.definition);
     let mut problems = Problems {
@@ -170,6 +181,9 @@ pub(crate) async fn agent_builder(
         };
         resolution.model_spec = Some(spec);
     }
+
+    // Agents composed (handoffs, agents as tools): checked before anything is built.
+    let composable = crate::compose::check(app, resolved.as_ref(), &mut problems);
 
     // Tools.
     let catalog = app.catalog().await?;
@@ -248,6 +262,9 @@ pub(crate) async fn agent_builder(
                     format!("tool `{}`: {e}", entry.name()),
                 );
             }
+        }
+        if composable {
+            crate::compose::add_agent_tools(app, request, def, &mut tools, &mut problems).await;
         }
         // The caller's tools are added to the definition's.
         let extra = catalog.select(request.tools.iter().map(String::as_str));
@@ -360,7 +377,7 @@ pub(crate) async fn agent_builder(
     if let Some(turns) = request.max_turns {
         budget.max_turns = Some(turns);
     }
-    let mut builder = Agent::builder(resolution.name.clone(), model)
+    let mut builder = ToolAgent::builder(resolution.name.clone(), model)
         .instructions(instructions)
         .tools(tools)
         .budget(budget)
@@ -372,6 +389,7 @@ pub(crate) async fn agent_builder(
                 .or(def.max_output_tokens)
                 .or(settings.max_output_tokens),
         );
+    builder = crate::compose::with_handoffs(app, def, builder);
     if let Some(critic) = critic {
         builder = builder.critic(Arc::new(critic));
     }

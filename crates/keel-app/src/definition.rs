@@ -34,6 +34,9 @@ pub fn find(loaded: &LoadedConfig, reference: &str, dir: &Path) -> Result<AgentR
     }
     let names: Vec<&str> = loaded.config.agents.keys().map(String::as_str).collect();
     let hint = match keel_config::diagnostic::nearest(reference, names.iter().copied()) {
+        _ if loaded.config.workflows.contains_key(reference) => {
+            format!(" (`{reference}` is a workflow: run it with `--workflow {reference}`)")
+        }
         Some(best) => format!("; did you mean `{best}`?"),
         None if names.is_empty() => " (keel.toml declares no agents)".to_string(),
         None => format!(" (keel.toml declares: {})", names.join(", ")),

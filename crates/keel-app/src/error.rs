@@ -60,11 +60,15 @@ pub enum AppError {
     /// A value given by the caller (not from a file) is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// A stored thread cannot be continued: it does not exist, its recorded recipe cannot
+    /// be read or rebuilt, or its resumed run failed (see [`crate::resume`]).
+    #[error("{0}")]
+    Resume(String),
 }
 
 impl AppError {
     /// A stable code: `config`, `located`, `unknown_agent`, `unknown_tool`, `model`,
-    /// `tool`, `store` or `invalid`.
+    /// `tool`, `store`, `invalid` or `resume`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Config(_) => "config",
@@ -75,6 +79,7 @@ impl AppError {
             Self::Tool { .. } => "tool",
             Self::Store { .. } => "store",
             Self::Invalid(_) => "invalid",
+            Self::Resume(_) => "resume",
         }
     }
 

@@ -24,10 +24,17 @@
 
 mod build;
 mod catalog;
+pub mod compose;
 pub mod definition;
 mod error;
 pub mod model;
+pub mod recipe;
+pub mod responses;
+pub mod resume;
 pub mod store;
+pub mod threads;
+pub mod worker;
+pub mod workflow;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,14 +42,16 @@ use std::sync::Arc;
 use keel_config::{KeelConfig, LoadedConfig, OutputFormat};
 use keel_core::{EventStore, ToolRegistry};
 use keel_mcp::McpManager;
-use keel_runtime::{Agent, AgentBuilder, RunApprovalMode, RunContext};
+use keel_runtime::{RunApprovalMode, RunContext, ToolAgent, ToolAgentBuilder};
 use keel_store::OpenedStore;
 
 pub use build::{AgentRequest, DEFAULT_INSTRUCTIONS, Resolution};
 pub use catalog::Catalog;
+pub use compose::ComposedAgent;
 pub use definition::AgentRef;
 pub use error::AppError;
 pub use model::ModelSettings;
+pub use responses::ResponsesAgent;
 pub use store::{STORE_ENV, StoreOrigin};
 
 /// An environment lookup (the process environment by default).
@@ -51,7 +60,7 @@ pub type Env = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// A built agent and what building chose.
 pub struct BuiltAgent {
     /// The agent.
-    pub agent: Agent,
+    pub agent: ToolAgent,
     /// The choices made (model spec, tools, agent name or file, approval mode, notices).
     pub resolution: Resolution,
 }
@@ -190,7 +199,7 @@ impl App {
     pub async fn agent_builder(
         &self,
         request: &AgentRequest,
-    ) -> Result<(AgentBuilder, Resolution), AppError> {
+    ) -> Result<(ToolAgentBuilder, Resolution), AppError> {
         build::agent_builder(self, request).await
     }
 
@@ -201,6 +210,43 @@ impl App {
             agent: builder.build(),
             resolution,
         })
+    }
+
+    /// Builds workflow `request.workflow` (`[workflows.<name>]`): every agent it names is
+    /// checked first (an unknown one is an error naming the file, key and line).
+    pub async fn workflow(
+        &self,
+        request: &workflow::WorkflowRequest,
+    ) -> Result<keel_runtime::Workflow, AppError> {
+        workflow::build(self, request).await
+    }
+
+    /// Builds the agent `request` describes with what it composes: its `agents_as_tools`
+    /// (already among its tools) and, when it hands off, every agent its conversations can
+    /// be handed to — run through [`ComposedAgent::run`] so handoffs are followed. Use it
+    /// rather than [`agent`](Self::agent) for agents with `handoffs`.
+    pub async fn composed_agent(
+        &self,
+        request: &AgentRequest,
+    ) -> Result<(ComposedAgent, Resolution), AppError> {
+        let (builder, resolution) = self.agent_builder(request).await?;
+        let agent = self
+            .compose(builder, &resolution, request, serde_json::Value::Null)
+            .await?;
+        Ok((agent, resolution))
+    }
+
+    /// [`composed_agent`](Self::composed_agent) from a builder the caller prepared (e.g.
+    /// with a recipe): every agent reachable by handoff is built with the same `recipe`,
+    /// so a thread resumed from its log rebuilds the whole group.
+    pub async fn compose(
+        &self,
+        builder: ToolAgentBuilder,
+        resolution: &Resolution,
+        request: &AgentRequest,
+        recipe: serde_json::Value,
+    ) -> Result<ComposedAgent, AppError> {
+        compose::compose(self, builder, resolution, request, recipe).await
     }
 
     /// The output format of `keel run`: `flag`, else `[defaults] output`.

@@ -68,6 +68,7 @@ const KEYS: &[(&str, Check)] = &[
     ("models.<alias>.retry", models_retry),
     ("models.<alias>.call_timeout_ms", models_call_timeout),
     ("agents.<name>.file", agents_file),
+    ("agents.<name>.kind", agents_kind),
     ("agents.<name>.name", agents_name),
     ("agents.<name>.description", agents_description),
     ("agents.<name>.instructions", agents_instructions),
@@ -80,6 +81,9 @@ const KEYS: &[(&str, Check)] = &[
     ("agents.<name>.planner", agents_planner),
     ("agents.<name>.observation", agents_observation),
     ("agents.<name>.approve", agents_approve),
+    ("agents.<name>.handoffs", agents_handoffs),
+    ("agents.<name>.max_handoffs", agents_max_handoffs),
+    ("agents.<name>.agents_as_tools", agents_agents_as_tools),
     ("agents.<name>.budget.max_turns", budget_max_turns),
     (
         "agents.<name>.budget.max_wall_clock_ms",
@@ -148,6 +152,16 @@ const KEYS: &[(&str, Check)] = &[
     ),
     ("approvals.mode", approvals_mode),
     ("approvals.tools.<tool>", approvals_tools),
+    ("workflows.<name>.kind", workflows_kind),
+    ("workflows.<name>.description", workflows_description),
+    ("workflows.<name>.steps", workflows_steps),
+    ("workflows.<name>.agents", workflows_agents),
+    ("workflows.<name>.then", workflows_then),
+    ("workflows.<name>.max_parallel", workflows_max_parallel),
+    ("workflows.<name>.routes.<route>", workflows_routes),
+    ("workflows.<name>.router", workflows_router),
+    ("workflows.<name>.model", workflows_model),
+    ("workflows.<name>.default", workflows_default),
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -294,7 +308,7 @@ fn agent_a(toml: &str, model: Arc<ScriptedModel>) -> BuiltAgent {
 
 /// Runs `agent` on `message` in a fresh memory store with `context`'s approval modes.
 async fn run_with(
-    agent: &keel_runtime::Agent,
+    agent: &keel_runtime::ToolAgent,
     app: &App,
     approve: Option<RunApprovalMode>,
     message: &str,
@@ -672,6 +686,48 @@ fn agents_file() {
     assert_eq!(tools, ["calculator"]);
 }
 
+fn agents_kind() {
+    // `tool` (the default) is the tool-calling agent.
+    let built = agent_a("[agents.a]\nkind = \"tool\"\n", scripted(vec![]));
+    assert_eq!(built.agent.name(), "a");
+    // `openai-responses`: the conversation is stored by the provider, so the second run
+    // sends only its message, after the first answer's id.
+    block_on(async {
+        let script = MockScript::new(vec![
+            keel_testkit::mock_llm::MockTurn::text("one"),
+            keel_testkit::mock_llm::MockTurn::text("two"),
+        ]);
+        let mock = MockLlmServer::start(script).await.unwrap();
+        let toml = format!(
+            "[providers.openai-responses]\nbase_url = \"{}\"\n\n[agents.a]\n\
+             kind = \"openai-responses\"\nmodel = \"openai-responses:gpt-5\"\n",
+            mock.base_url()
+        );
+        let app = app(&toml);
+        let request = AgentRequest {
+            agent: named("a"),
+            ..AgentRequest::default()
+        };
+        // Not a tool-calling agent: refused at its `kind` line.
+        let refused = app.agent(&request).await.unwrap_err().to_string();
+        assert!(refused.contains(":5:1:"), "{refused}");
+        let (agent, _) = app.responses_agent(&request).await.unwrap();
+        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let context = app.run_context(store, None, None);
+        let mut thread = Thread::new();
+        for text in ["first", "second"] {
+            keel_runtime::Agent::run(&agent, vec![Message::user(text)], &mut thread, &context)
+                .await
+                .unwrap();
+        }
+        let bodies: Vec<Value> = mock.requests().into_iter().map(|r| r.body).collect();
+        assert_eq!(bodies[0]["store"], json!(true));
+        assert_eq!(bodies[1]["previous_response_id"], json!("resp_mock_1"));
+        assert_eq!(bodies[1]["input"].as_array().unwrap().len(), 1);
+        mock.shutdown().await;
+    });
+}
+
 fn agents_name() {
     let built = agent_a("[agents.a]\nname = \"custom\"\n", scripted(vec![]));
     assert_eq!(built.agent.name(), "custom");
@@ -802,6 +858,87 @@ fn agents_approve() {
     assert!(paused(&calculator_run("", built.resolution.approve).0));
 }
 
+/// Builds `[agents.a]` of `toml` with what it composes, on one scripted model shared by
+/// every agent, and runs it once; returns the outcome and the composed agent.
+fn composed_run(toml: &str, steps: Vec<ScriptStep>) -> (RunOutcome, keel_app::ComposedAgent) {
+    let app = app(toml);
+    block_on(async {
+        let request = AgentRequest {
+            agent: named("a"),
+            model_override: Some(scripted(steps)),
+            ..AgentRequest::default()
+        };
+        let (agent, _) = app
+            .composed_agent(&request)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = Arc::new(MemoryStore::new());
+        let context = app.run_context(store, None, None);
+        let mut thread = Thread::new();
+        let outcome = agent
+            .run(vec![Message::user("go")], &mut thread, &context)
+            .await
+            .unwrap();
+        (outcome, agent)
+    })
+}
+
+fn agents_handoffs() {
+    let (outcome, agent) = composed_run(
+        "[agents.a]\nhandoffs = [\"b\"]\n[agents.b]\ndescription = \"Does b.\"\n",
+        vec![
+            ScriptStep::tool_call("transfer_to_b", json!({})),
+            ScriptStep::text("b answers"),
+        ],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("b answers"));
+    assert!(agent.member("b").is_some());
+    // A cycle is refused before any model call, at the key closing it.
+    let refused = block_on(
+        app("[agents.a]\nhandoffs = [\"b\"]\n[agents.b]\nhandoffs = [\"a\"]\n").composed_agent(
+            &AgentRequest {
+                agent: named("a"),
+                model_override: Some(scripted(vec![])),
+                ..AgentRequest::default()
+            },
+        ),
+    )
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("agents.b.handoffs[0]"),
+        "{refused}"
+    );
+}
+
+fn agents_max_handoffs() {
+    let steps = || {
+        vec![
+            ScriptStep::tool_call("transfer_to_b", json!({})),
+            ScriptStep::text("a answers itself"),
+        ]
+    };
+    let (outcome, _) = composed_run(
+        "[agents.a]\nhandoffs = [\"b\"]\nmax_handoffs = 0\n[agents.b]\n",
+        steps(),
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("a answers itself"));
+}
+
+fn agents_agents_as_tools() {
+    let (outcome, agent) = composed_run(
+        "[agents.a]\nagents_as_tools = [\"r\"]\n[agents.r]\ndescription = \"Researches.\"\n",
+        vec![
+            ScriptStep::tool_call("r", json!({"task": "find it"})),
+            ScriptStep::text("found"),
+            ScriptStep::text("a says: found"),
+        ],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("a says: found"));
+    let tool = agent.entry().tools().get("r").unwrap();
+    assert_eq!(tool.spec().description, "Researches.");
+    assert!(outcome.tool_calls.iter().all(|c| c.ok));
+}
+
 fn budget(toml_budget: &str) -> keel_core::Budget {
     agent_a(
         &format!("[agents.a]\nbudget = {{ {toml_budget} }}\n"),
@@ -914,7 +1051,7 @@ fn compaction_fell_back(timeout: &str) -> bool {
         let context = app.run_context(store.clone(), None, None);
         let mut thread = Thread::new();
         // A long history from a roomy agent, then the small-window agent.
-        let roomy = keel_runtime::Agent::builder(
+        let roomy = keel_runtime::ToolAgent::builder(
             "roomy",
             scripted((0..6).map(|_| ScriptStep::text("ok")).collect()),
         )
@@ -1334,7 +1471,7 @@ fn export_to_listener(toml: &str) -> String {
 
 fn sample_events() -> Vec<Event> {
     let model = scripted(vec![ScriptStep::text("the answer is CONTENT-42")]);
-    let agent = keel_runtime::Agent::builder("t", model).build();
+    let agent = keel_runtime::ToolAgent::builder("t", model).build();
     block_on(run_with(&agent, &app(""), None, "question CONTENT-41")).1
 }
 
@@ -1757,4 +1894,191 @@ fn approvals_tools() {
     assert!(!paused(
         &calculator_run("[approvals.tools]\nping_pong = \"ask\"\n", None).0
     ));
+}
+
+// ---------------------------------------------------------------------------------------
+// [workflows.<name>]
+
+const WORKFLOW_AGENTS: &str = "[agents.a]\ninstructions = \"A.\"\ntools = []\n\
+                               [agents.b]\ninstructions = \"B.\"\ntools = []\n\
+                               [agents.c]\ninstructions = \"C.\"\ntools = []\n";
+
+/// Builds workflow `w` of `[agents.a|b|c]` + `workflow` (the `[workflows.w]` body).
+fn workflow_of(workflow: &str, model: Option<Arc<ScriptedModel>>) -> keel_runtime::Workflow {
+    let app = app(&format!("{WORKFLOW_AGENTS}[workflows.w]\n{workflow}"));
+    let request = keel_app::workflow::WorkflowRequest {
+        // Without a script, a model that is never called (the default model's hosted
+        // URL is refused in test mode, KEEL_TEST_MODE=1).
+        model_override: Some(
+            model.unwrap_or_else(|| scripted(Vec::new())) as Arc<dyn keel_core::Model>
+        ),
+        ..keel_app::workflow::WorkflowRequest::new("w")
+    };
+    block_on(app.workflow(&request)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs workflow `w` on scripted answers (one sequence for all its agents); returns the
+/// outcome and the requests the model received.
+fn workflow_run(
+    workflow: &str,
+    answers: &[&str],
+) -> (RunOutcome, Vec<keel_testkit::RecordedRequest>) {
+    let model = scripted(answers.iter().map(|a| ScriptStep::text(*a)).collect());
+    let built = workflow_of(workflow, Some(model.clone()));
+    let outcome = block_on(async {
+        let context = keel_runtime::RunContext::default();
+        let mut thread = Thread::new();
+        keel_runtime::Agent::run(&built, vec![Message::user("go")], &mut thread, &context)
+            .await
+            .unwrap()
+    });
+    (outcome, model.requests())
+}
+
+fn last_user_text(request: &keel_testkit::RecordedRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == keel_core::Role::User)
+        .map(Message::text)
+        .unwrap_or_default()
+}
+
+fn workflows_kind() {
+    let sequential = workflow_of("kind = \"sequential\"\nsteps = [\"a\", \"b\"]\n", None);
+    assert_eq!(sequential.plan().kind(), "sequential");
+    let parallel = workflow_of("kind = \"parallel\"\nagents = [\"a\", \"b\"]\n", None);
+    assert_eq!(parallel.plan().kind(), "parallel");
+    let missing = App::from_toml_str(
+        &format!("{WORKFLOW_AGENTS}[workflows.w]\nsteps = [\"a\"]\n"),
+        Path::new("."),
+        env_of(&[]),
+    );
+    assert!(missing.unwrap_err().to_string().contains("needs `kind"));
+}
+
+fn workflows_description() {
+    let w = workflow_of(
+        "kind = \"sequential\"\nsteps = [\"a\"]\ndescription = \"Drafts.\"\n",
+        None,
+    );
+    assert_eq!(keel_runtime::Agent::description(&w), "Drafts.");
+}
+
+fn workflows_steps() {
+    let (outcome, requests) = workflow_run(
+        "kind = \"sequential\"\nsteps = [\"a\", \"b\"]\n",
+        &["one", "two"],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("two"));
+    assert_eq!(last_user_text(&requests[1]), "one", "b gets a's output");
+}
+
+fn workflows_agents() {
+    let (outcome, requests) = workflow_run(
+        "kind = \"parallel\"\nagents = [\"a\", \"b\"]\nmax_parallel = 1\n",
+        &["one", "two"],
+    );
+    assert_eq!(requests.len(), 2);
+    let text = outcome.final_text.unwrap();
+    assert!(
+        text.contains("## a (a)\none") && text.contains("## b (b)\ntwo"),
+        "{text}"
+    );
+}
+
+fn workflows_then() {
+    let (outcome, requests) = workflow_run(
+        "kind = \"parallel\"\nagents = [\"a\", \"b\"]\nthen = \"c\"\nmax_parallel = 1\n",
+        &["one", "two", "three"],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("three"));
+    let fan_in = last_user_text(&requests[2]);
+    assert!(fan_in.contains("one") && fan_in.contains("two"), "{fan_in}");
+}
+
+fn workflows_max_parallel() {
+    let w = workflow_of(
+        "kind = \"parallel\"\nagents = [\"a\", \"b\"]\nmax_parallel = 1\n",
+        None,
+    );
+    assert_eq!(w.max_parallel(), 1);
+    let default = workflow_of("kind = \"parallel\"\nagents = [\"a\", \"b\"]\n", None);
+    assert_eq!(default.max_parallel(), 4);
+}
+
+fn workflows_routes() {
+    let (outcome, requests) = workflow_run(
+        "kind = \"router\"\nrouter = \"c\"\nroutes = { first = \"a\", second = \"b\" }\n",
+        &["second", "from b"],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("from b"));
+    assert_eq!(requests.len(), 2, "only the chosen route runs");
+}
+
+fn workflows_router() {
+    let (_, requests) = workflow_run(
+        "kind = \"router\"\nrouter = \"c\"\nroutes = { first = \"a\", second = \"b\" }\n",
+        &["first", "from a"],
+    );
+    let asked = last_user_text(&requests[0]);
+    assert!(
+        asked.contains("- first") && asked.contains("- second"),
+        "{asked}"
+    );
+    assert!(
+        requests[0]
+            .system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("C.")
+    );
+}
+
+fn workflows_model() {
+    block_on(async {
+        let script =
+            MockScript::from_json(r#"{"turn_by": "conversation", "turns": [{"text": "first"}]}"#)
+                .unwrap();
+        let mock = MockLlmServer::start(script).await.unwrap();
+        let toml = format!(
+            "[providers.openai]\nbase_url = \"{}/v1\"\n[agents.a]\nmodel = \"openai:gpt-4.1\"\n\
+             instructions = \"A.\"\ntools = []\n[workflows.w]\nkind = \"router\"\n\
+             model = \"openai:gpt-4.1-mini\"\nroutes = {{ first = \"a\" }}\n",
+            mock.base_url()
+        );
+        let app = app(&toml);
+        let built = app
+            .workflow(&keel_app::workflow::WorkflowRequest::new("w"))
+            .await
+            .unwrap();
+        let context = keel_runtime::RunContext::default();
+        let mut thread = Thread::new();
+        let outcome =
+            keel_runtime::Agent::run(&built, vec![Message::user("go")], &mut thread, &context)
+                .await
+                .unwrap();
+        assert_eq!(outcome.end_state(), Some(EndState::Done));
+        let models: Vec<Value> = mock
+            .requests()
+            .iter()
+            .map(|r| r.body["model"].clone())
+            .collect();
+        assert_eq!(models, [json!("gpt-4.1-mini"), json!("gpt-4.1")]);
+    });
+}
+
+fn workflows_default() {
+    let (outcome, _) = workflow_run(
+        "kind = \"router\"\nrouter = \"c\"\nroutes = { first = \"a\", second = \"b\" }\n\
+         default = \"second\"\n",
+        &["no idea", "from b"],
+    );
+    assert_eq!(outcome.final_text.as_deref(), Some("from b"));
+    let (failed, _) = workflow_run(
+        "kind = \"router\"\nrouter = \"c\"\nroutes = { first = \"a\", second = \"b\" }\n",
+        &["no idea"],
+    );
+    assert_eq!(failed.end_state(), Some(EndState::Failed));
 }

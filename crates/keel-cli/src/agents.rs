@@ -4,12 +4,10 @@
 //! the run context (observers, approval prompt).
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use keel_app::{AgentRef, AgentRequest};
 use keel_core::{CancellationToken, EventStore};
-use keel_runtime::{Agent, RunApprovalMode, RunContext, RunError};
+use keel_runtime::{RunApprovalMode, RunContext, RunError};
 use keel_testkit::ScriptedModel;
 use serde::{Deserialize, Serialize};
 
@@ -102,57 +100,10 @@ pub struct AgentArgs {
     pub max_output_tokens: Option<u32>,
 }
 
-/// The agent flags as data: the payload of `keel submit`, and — resolved (model chosen,
-/// agent file hashed) — the recipe every run records in its `RunStarted` event, from
-/// which `keel resume`, `approve`, `deny`, `reply` and workers rebuild the agent with no
-/// flags (see [`crate::recorded`]). It never holds secrets: API keys are read from the
-/// environment again when the agent is rebuilt.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentSpec {
-    /// `--model`.
-    #[serde(default)]
-    pub model: Option<String>,
-    /// `--base-url`.
-    #[serde(default)]
-    pub base_url: Option<String>,
-    /// `--script`, made absolute.
-    #[serde(default)]
-    pub script: Option<PathBuf>,
-    /// `--tool`.
-    #[serde(default)]
-    pub tools: Vec<String>,
-    /// `--max-turns`.
-    #[serde(default)]
-    pub max_turns: Option<u32>,
-    /// `--instructions`.
-    #[serde(default)]
-    pub instructions: Option<String>,
-    /// `--approve` (`None`: keel.toml's approvals decide).
-    #[serde(default)]
-    pub approve: Option<ApproveFlag>,
-    /// `--agent FILE`, made absolute.
-    #[serde(default)]
-    pub agent: Option<PathBuf>,
-    /// `--agent NAME`: an `[agents.<name>]` table of keel.toml.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_name: Option<String>,
-    /// SHA-256 of the agent file when the run started (set when resolved).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_sha256: Option<String>,
-    /// `--context-strategy`.
-    #[serde(default)]
-    pub context_strategy: Option<String>,
-    /// `--context-window`.
-    #[serde(default)]
-    pub context_window: Option<u32>,
-    /// `--max-output-tokens`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u32>,
-    /// The `keel submit` message a worker started this run for (not part of the agent: a
-    /// worker that takes the job over finds the job's own run by it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub submission: Option<String>,
-}
+/// The agent flags as data: the payload of `keel submit` and — resolved — the recipe
+/// every run records, from which `keel resume`, `approve`, `deny`, `reply` and workers
+/// rebuild the agent with no flags (see [`keel_app::recipe`] and [`crate::recorded`]).
+pub use keel_app::recipe::Recipe as AgentSpec;
 
 impl AgentArgs {
     /// The flags given, as data (script path made absolute so another process can find
@@ -172,7 +123,7 @@ impl AgentArgs {
             tools: self.tools.clone(),
             max_turns: self.max_turns,
             instructions: self.instructions.clone(),
-            approve: self.approve,
+            approve: self.approve.map(ApproveFlag::mode),
             context_strategy: self.context_strategy.clone(),
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
@@ -200,45 +151,42 @@ impl AgentArgs {
 /// A built agent, the scripted model behind it when there is one, and the agent's own
 /// approval mode.
 pub struct Built {
-    /// The agent.
-    pub agent: Agent,
+    /// The agent, with the agents it hands off to (runs follow handoffs).
+    pub agent: keel_app::ComposedAgent,
     /// The scripted model (to record its requests).
     pub scripted: Option<Arc<ScriptedModel>>,
     /// The definition's `approve`.
     pub approve: Option<RunApprovalMode>,
 }
 
-impl AgentSpec {
-    fn set_agent(&mut self, agent: AgentRef) {
-        match agent {
-            AgentRef::Named(name) => {
-                self.agent_name = Some(name);
-                self.agent = None;
-            }
-            AgentRef::File(path) => {
-                self.agent = Some(path);
-                self.agent_name = None;
-            }
-            _ => {}
-        }
-        self.agent_sha256 = None;
-    }
-
+/// What the CLI does with a recipe: build its agent through keel-app (with the scripted
+/// model of `--script`, notices on stderr) and make the run context of a terminal.
+pub trait RecipeExt {
     /// Builds the agent (keel-app checks every reference first). `consumed_steps` is how
     /// many model answers the run being resumed already has: a script continues at that
     /// step (0 for a new run).
-    pub async fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
-        if self.max_turns == Some(0) {
-            return Err(CliError::usage("--max-turns must be at least 1"));
-        }
-        if self.context_window.is_some_and(|w| w < 256) {
-            return Err(CliError::usage(
-                "--context-window must be at least 256 tokens",
-            ));
-        }
-        if self.max_output_tokens == Some(0) {
-            return Err(CliError::usage("--max-output-tokens must be at least 1"));
-        }
+    fn build(&self, consumed_steps: usize) -> impl Future<Output = Result<Built, CliError>> + Send;
+
+    /// The run context: the store, the approval modes (`--approve` > the agent's >
+    /// keel.toml), a live printer in text mode, an interactive approval prompt when stdin
+    /// is a terminal (otherwise approvals defer and the run pauses), and the cancellation
+    /// token.
+    fn context(
+        &self,
+        built: &Built,
+        store: Arc<dyn EventStore>,
+        output: OutputFormat,
+        interactive: bool,
+        cancel: CancellationToken,
+    ) -> RunContext;
+
+    /// The store and approval modes only (no observers, approvals defer).
+    fn base_context(&self, built: &Built, store: Arc<dyn EventStore>) -> RunContext;
+}
+
+impl RecipeExt for AgentSpec {
+    async fn build(&self, consumed_steps: usize) -> Result<Built, CliError> {
+        self.validate().map_err(app_error)?;
         let (model_override, scripted) = match &self.script {
             Some(path) => {
                 let (model, scripted) = crate::scripted::scripted_from(path, consumed_steps)?;
@@ -246,53 +194,21 @@ impl AgentSpec {
             }
             None => (None, None),
         };
-        let agent = match (&self.agent_name, &self.agent) {
-            (Some(name), _) => Some(AgentRef::Named(name.clone())),
-            (None, Some(path)) => Some(AgentRef::File(path.clone())),
-            (None, None) => None,
-        };
-        let request = AgentRequest {
-            agent,
-            model: self.model.clone(),
-            model_override,
-            base_url: self.base_url.clone(),
-            tools: self.tools.clone(),
-            instructions: self.instructions.clone(),
-            max_turns: self.max_turns,
-            context_strategy: self.context_strategy.clone(),
-            context_window: self.context_window,
-            max_output_tokens: self.max_output_tokens,
-        };
-        let (builder, resolution) = app().agent_builder(&request).await.map_err(app_error)?;
-        for notice in &resolution.notices {
+        let built = self
+            .build_agent(app(), model_override)
+            .await
+            .map_err(app_error)?;
+        for notice in &built.notices {
             eprintln!("keel: {}", crate::redaction::for_stderr(notice));
         }
-        let mut resolved = self.clone();
-        if self.script.is_none() {
-            resolved.model.clone_from(&resolution.model_spec);
-        }
-        if let Some(path) = &self.agent {
-            resolved.agent_sha256 = Some(crate::recorded::file_sha256(path)?);
-        }
-        if resolution.definition.is_none() {
-            // The tools actually chosen (keel.toml's declared tools when no `--tool` was
-            // given), so a resumed run gets the same set.
-            resolved.tools.clone_from(&resolution.tools);
-        }
-        let recipe = serde_json::to_value(&resolved)
-            .map_err(|e| CliError::failure(format!("cannot record the agent definition: {e}")))?;
         Ok(Built {
-            agent: builder.recipe(recipe).build(),
+            agent: built.agent,
             scripted,
-            approve: resolution.approve,
+            approve: built.approve,
         })
     }
 
-    /// The run context: the store, the approval modes (`--approve` > the agent's >
-    /// keel.toml), a live printer in text mode, an interactive approval prompt when stdin
-    /// is a terminal (otherwise approvals defer and the run pauses), and the cancellation
-    /// token.
-    pub fn context(
+    fn context(
         &self,
         built: &Built,
         store: Arc<dyn EventStore>,
@@ -313,23 +229,15 @@ impl AgentSpec {
         context
     }
 
-    /// The store and approval modes only (no observers, approvals defer).
-    pub fn base_context(&self, built: &Built, store: Arc<dyn EventStore>) -> RunContext {
-        app().run_context(store, self.approve.map(ApproveFlag::mode), built.approve)
+    fn base_context(&self, built: &Built, store: Arc<dyn EventStore>) -> RunContext {
+        app().run_context(store, self.approve, built.approve)
     }
 }
 
-pub use crate::scripted::consumed_steps;
+pub use keel_app::resume::consumed_steps;
 
-/// A run error as a CLI error; a store conflict means another process drives the thread.
+/// A run error as a CLI error (a store conflict means another process drives the
+/// thread; see [`keel_app::worker::run_error`]).
 pub fn run_error(error: RunError) -> CliError {
-    match &error {
-        RunError::Store(keel_core::StoreError::Conflict { thread_id, .. }) => {
-            CliError::failure(format!(
-                "another process is driving thread {thread_id} (append conflict: {error}); \
-                 nothing of this step was written — try again when it is done"
-            ))
-        }
-        _ => CliError::failure(error.to_string()),
-    }
+    CliError::failure(keel_app::worker::run_error(&error))
 }

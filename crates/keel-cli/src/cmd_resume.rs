@@ -5,14 +5,17 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use keel_app::resume::{self, Latest, Runner};
 use keel_core::{CancellationToken, EventStore, Message};
 use keel_runtime::thread::HumanInputError;
-use keel_runtime::{RunOutcome, RunStatus, Thread};
+use keel_runtime::{RunOutcome, Thread};
+use keel_testkit::ScriptedModel;
 use serde_json::json;
 
 use crate::CliError;
-use crate::agents::{self, AgentArgs, AgentSpec, StoreArgs};
+use crate::agents::{self, AgentArgs, AgentSpec, Built, RecipeExt, StoreArgs};
 use crate::cmd_run::{report, spawn_ctrl_c_handler};
+use crate::config::app_error;
 use crate::output::OutputFormat;
 use crate::recorded;
 
@@ -79,8 +82,8 @@ pub struct ReplyArgs {
     pub answer: Vec<String>,
 }
 
-/// Runs `keel resume`: the agent is rebuilt from the run's recorded definition (flags
-/// given explicitly override it, with a notice).
+/// Runs `keel resume`: whatever ran the thread (a workflow, or the agent its run
+/// recorded — flags given explicitly override it, with a notice) continues its run.
 pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
     let store = args.store.events().await?;
     let id = &args.thread;
@@ -92,13 +95,17 @@ pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
             "thread {id} has no events: nothing to resume (start it with `keel run --thread {id} MESSAGE`)"
         )));
     }
-    let (outcome, scripted) = continue_thread(&args.agent, store, thread, args.output).await?;
-    report(
-        &outcome,
-        args.output,
-        scripted.as_ref(),
-        args.record_requests.as_ref(),
-    )
+    let recorded = match resume::recorded_runner(&thread).map_err(app_error)? {
+        Runner::Workflow(workflow) => {
+            return crate::cmd_workflow::resume(workflow, &args.agent, store, thread, args.output)
+                .await;
+        }
+        Runner::Agent(recorded) => recorded,
+    };
+    let spec = recorded::spec_from(recorded, &args.agent)?;
+    let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
+    let record = args.record_requests.as_ref();
+    report(&outcome, args.output, scripted.as_ref(), record)
 }
 
 /// Runs `keel approve` (`approve = true`) or `keel deny`. The log is read once: the
@@ -110,24 +117,15 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
     if !args.no_resume {
         // Check that the run's agent can be rebuilt and continue it before anything is
         // written.
-        let built = spec
-            .build(0)
-            .await
-            .map_err(|e| rebuild_error(&args.thread, e))?;
-        built
-            .agent
-            .check_resumable(&thread)
-            .map_err(agents::run_error)?;
+        rebuild_resumable(&spec, &thread).await?;
     }
     let context = keel_runtime::RunContext::new(store.clone());
     let recorded = if approve {
-        thread
-            .approve(&context, &args.call_id, args.by.clone())
-            .await
+        let by = args.by.clone();
+        thread.approve(&context, &args.call_id, by).await
     } else {
-        thread
-            .deny(&context, &args.call_id, args.reason.clone())
-            .await
+        let reason = args.reason.clone();
+        thread.deny(&context, &args.call_id, reason).await
     };
     recorded.map_err(human_error)?;
     let decision = if approve { "approved" } else { "denied" };
@@ -156,14 +154,7 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
     let spec = recorded::spec_for_thread(&thread, &args.agent)?;
     if thread.state().run_in_progress() {
-        let built = spec
-            .build(0)
-            .await
-            .map_err(|e| rebuild_error(&args.thread, e))?;
-        built
-            .agent
-            .check_resumable(&thread)
-            .map_err(agents::run_error)?;
+        rebuild_resumable(&spec, &thread).await?;
         let context = keel_runtime::RunContext::new(store.clone());
         thread
             .answer_user(&context, &answer)
@@ -172,10 +163,7 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
         let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
         return report(&outcome, args.output, scripted.as_ref(), None);
     }
-    let built = spec
-        .build(0)
-        .await
-        .map_err(|e| rebuild_error(&args.thread, e))?;
+    let built = rebuild(&spec, thread.id(), 0).await?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
     let context = spec.context(&built, store, args.output, true, cancel);
@@ -187,58 +175,35 @@ pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
     report(&outcome, args.output, built.scripted.as_ref(), None)
 }
 
-/// Continues the run in progress on a loaded thread with the agent its log records
-/// (explicit `flags` override it) — or, when its last run ended `failed` on a retryable
-/// model error, continues the conversation in a new run; when the last run ended
+/// Continues the run in progress on `thread` — or, when its last run ended `failed` on a
+/// retryable model error, the conversation in a new run — with the agent `spec` builds
+/// (a scripted model continues at the step the run reached); when the last run ended
 /// otherwise, returns that run's outcome.
-pub async fn continue_thread(
-    flags: &AgentArgs,
-    store: Arc<dyn EventStore>,
-    thread: Thread,
-    output: OutputFormat,
-) -> Result<(RunOutcome, Option<Arc<keel_testkit::ScriptedModel>>), CliError> {
-    let spec = recorded::spec_for_thread(&thread, flags)?;
-    continue_with(&spec, store, thread, output).await
-}
-
-/// Continues the run in progress on `thread` (or the resumable failed run, see
-/// [`continue_thread`]) with the agent `spec` builds (a scripted model continues at the
-/// step the run reached).
 async fn continue_with(
     spec: &AgentSpec,
     store: Arc<dyn EventStore>,
     mut thread: Thread,
     output: OutputFormat,
-) -> Result<(RunOutcome, Option<Arc<keel_testkit::ScriptedModel>>), CliError> {
-    let thread_id = thread.id().to_string();
-    let Some(run) = thread.state().run() else {
-        return Err(CliError::failure(format!(
-            "thread {thread_id} has no run to resume"
-        )));
-    };
-    let mut steps = agents::consumed_steps(thread.run_events(), &run.run_id);
-    if let Some(end_state) = run.ended {
-        let outcome = RunOutcome::from_run_events(
-            &thread_id,
-            &run.run_id,
-            thread.run_events(),
-            RunStatus::Ended { end_state },
-        );
-        if !outcome.resumable {
-            return Ok((outcome, None));
+) -> Result<(RunOutcome, Option<Arc<ScriptedModel>>), CliError> {
+    let mut steps = match resume::latest_run(&thread).map_err(app_error)? {
+        Latest::Ended(outcome) => return Ok((*outcome, None)),
+        Latest::Continue {
+            consumed_steps,
+            notice,
+            ..
+        } => {
+            if let Some(notice) = notice {
+                eprintln!("keel: {notice}");
+            }
+            consumed_steps
         }
-        eprintln!(
-            "keel: run {} ended failed on a retryable model error; continuing the conversation in a new run",
-            outcome.run_id
-        );
-    }
+    };
     if spec.script.is_some() {
-        steps = script_steps(store.as_ref(), &thread, steps).await?;
+        steps = resume::script_steps(store.as_ref(), &thread, steps)
+            .await
+            .map_err(app_error)?;
     }
-    let built = spec
-        .build(steps)
-        .await
-        .map_err(|e| rebuild_error(&thread_id, e))?;
+    let built = rebuild(spec, thread.id(), steps).await?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
     let context = spec.context(&built, store, output, true, cancel);
@@ -250,71 +215,30 @@ async fn continue_with(
     Ok((outcome, built.scripted))
 }
 
-/// The script step a resumed run continues at: the model answers of its run plus those of
-/// every earlier run it continues (`run_continued` notices), which consumed steps of the
-/// same script.
-async fn script_steps(
-    store: &dyn EventStore,
-    thread: &Thread,
-    latest: usize,
-) -> Result<usize, CliError> {
-    let continues = |events: &[keel_core::Event]| {
-        events.iter().find_map(|e| match &e.kind {
-            keel_core::EventKind::Notice { code, data, .. }
-                if code == keel_runtime::runner::RUN_CONTINUED_NOTICE =>
-            {
-                data.as_ref()
-                    .and_then(|d| d.get("continues"))
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string)
-            }
-            _ => None,
-        })
-    };
-    let mut previous = continues(thread.run_events());
-    if previous.is_none() {
-        return Ok(latest);
-    }
-    let events = store
-        .load(thread.id())
-        .await
-        .map_err(|e| CliError::failure(format!("cannot load thread {}: {e}", thread.id())))?;
-    let mut steps = latest;
-    let mut seen = std::collections::HashSet::new();
-    while let Some(run_id) = previous.filter(|id| seen.insert(id.clone())) {
-        steps += agents::consumed_steps(&events, &run_id);
-        let run: Vec<keel_core::Event> = events
-            .iter()
-            .filter(|e| e.run_id == run_id)
-            .cloned()
-            .collect();
-        previous = continues(&run);
-    }
-    Ok(steps)
-}
-
-/// A failure to rebuild a run's agent, said in terms of the thread.
-fn rebuild_error(thread_id: &str, error: CliError) -> CliError {
-    CliError {
+/// Builds the agent of `spec` (a failure said in terms of the thread).
+async fn rebuild(spec: &AgentSpec, thread_id: &str, steps: usize) -> Result<Built, CliError> {
+    spec.build(steps).await.map_err(|error| CliError {
         code: error.code,
         message: format!(
             "cannot rebuild the agent of thread {thread_id}'s run: {}",
             error.message
         ),
-    }
+    })
+}
+
+/// Checks that the agent of `spec` can be rebuilt and continue `thread`'s run.
+async fn rebuild_resumable(spec: &AgentSpec, thread: &Thread) -> Result<(), CliError> {
+    let built = rebuild(spec, thread.id(), 0).await?;
+    built
+        .agent
+        .check_resumable(thread)
+        .map_err(agents::run_error)?;
+    Ok(())
 }
 
 /// Loads a thread that must exist.
-pub async fn load_existing(store: &dyn EventStore, id: &str) -> Result<Thread, CliError> {
-    let thread = Thread::load(store, id)
-        .await
-        .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?;
-    if thread.is_empty() {
-        return Err(CliError::failure(format!(
-            "thread {id} does not exist in this store"
-        )));
-    }
-    Ok(thread)
+async fn load_existing(store: &dyn EventStore, id: &str) -> Result<Thread, CliError> {
+    resume::load_existing(store, id).await.map_err(app_error)
 }
 
 fn human_error(error: HumanInputError) -> CliError {

@@ -9,7 +9,7 @@ use keel_runtime::{RunOutcome, Thread};
 use keel_testkit::ScriptedModel;
 
 use crate::CliError;
-use crate::agents::{self, AgentArgs, StoreArgs};
+use crate::agents::{self, AgentArgs, RecipeExt, StoreArgs};
 use crate::output::{self, OutputFormat};
 
 /// Flags of `keel run`.
@@ -19,6 +19,10 @@ pub struct RunArgs {
     pub agent: AgentArgs,
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Run this keel.toml [workflows.<name>] instead of an agent (see docs/workflows.md);
+    /// --model, --base-url, --max-turns and --approve apply to every agent of it.
+    #[arg(long, value_name = "NAME")]
+    pub workflow: Option<String>,
     /// Continue this thread (created with this id if it does not exist).
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
@@ -39,19 +43,39 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         keel_config::OutputFormat::Json => OutputFormat::Json,
         keel_config::OutputFormat::Text => OutputFormat::Text,
     };
+    if let Some(name) = &args.workflow {
+        let store = args.store.events().await?;
+        let thread = load_or_new(store.as_ref(), args.thread.as_deref()).await?;
+        return crate::cmd_workflow::run(
+            name,
+            &args.agent,
+            store,
+            thread,
+            args.message.join(" "),
+            output,
+        )
+        .await;
+    }
     let spec = args.agent.new_run_spec()?;
+    let message = args.message.join(" ");
+    if let Some(code) = crate::cmd_responses::run_if_responses(
+        &spec,
+        &args.store,
+        args.thread.as_deref(),
+        message.clone(),
+        output,
+    )
+    .await?
+    {
+        return Ok(code);
+    }
     let built = spec.build(0).await?;
     let store = args.store.events().await?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
     let context = spec.context(&built, store.clone(), output, true, cancel);
-    let mut thread = match &args.thread {
-        Some(id) => Thread::load(store.as_ref(), id)
-            .await
-            .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?,
-        None => Thread::new(),
-    };
-    let message = Message::user(args.message.join(" "));
+    let mut thread = load_or_new(store.as_ref(), args.thread.as_deref()).await?;
+    let message = Message::user(message);
     let outcome = built
         .agent
         .run(vec![message], &mut thread, &context)
@@ -63,6 +87,20 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         built.scripted.as_ref(),
         args.record_requests.as_ref(),
     )
+}
+
+/// The thread `--thread ID` names (created with this id if it does not exist), else a
+/// new one.
+async fn load_or_new(
+    store: &dyn keel_core::EventStore,
+    id: Option<&str>,
+) -> Result<Thread, CliError> {
+    match id {
+        Some(id) => Thread::load(store, id)
+            .await
+            .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}"))),
+        None => Ok(Thread::new()),
+    }
 }
 
 /// Writes recorded requests (when asked), prints the JSON object in JSON mode (text mode

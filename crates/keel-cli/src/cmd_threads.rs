@@ -1,17 +1,16 @@
 //! `keel threads list|show|fork|delete`: the stored conversations. A thread is its event
 //! log; `show` prints the conversation folded from it and the events themselves, `fork`
 //! copies a prefix of the log into a new thread. (Reset = start a new thread with the same
-//! agent: `keel run` without `--thread`.)
+//! agent: `keel run` without `--thread`.) The queries and text renderings are
+//! [`keel_app::threads`]; this file is the flags, printing and exit codes.
 
-use chrono::{DateTime, Utc};
-use keel_core::store::{ThreadFilter, ThreadStatus, ThreadSummary};
-use keel_core::{EndState, Message, Part, RunState};
-use keel_runtime::Thread;
+use chrono::Utc;
+use keel_app::threads::{self, ThreadsError};
+use keel_core::store::ThreadFilter;
 use serde_json::json;
 
 use crate::CliError;
 use crate::agents::StoreArgs;
-use crate::cmd_resume::load_existing;
 use crate::output::OutputFormat;
 
 /// `keel threads` subcommands.
@@ -86,21 +85,25 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
         } => {
             let filter = ThreadFilter {
                 agent,
-                status: status.as_deref().map(parse_status).transpose()?,
+                status: status
+                    .as_deref()
+                    .map(threads::parse_status)
+                    .transpose()
+                    .map_err(|e| CliError::usage(format!("--status {e}")))?,
                 updated_since: since
                     .as_deref()
-                    .map(|s| parse_since(s, Utc::now()))
-                    .transpose()?,
+                    .map(|s| threads::parse_since(s, Utc::now()))
+                    .transpose()
+                    .map_err(|e| CliError::usage(format!("--since {e}")))?,
                 limit,
             };
             let store = store.events().await?;
-            let threads = store
-                .list_threads(&filter)
+            let list = threads::list(store.as_ref(), &filter)
                 .await
-                .map_err(|e| CliError::failure(format!("cannot list threads: {e}")))?;
+                .map_err(failure)?;
             match output {
-                OutputFormat::Json => println!("{}", json!(threads)),
-                OutputFormat::Text => print_list(&threads),
+                OutputFormat::Json => println!("{}", json!(list)),
+                OutputFormat::Text => print_lines(&threads::render_list(&list)),
             }
             Ok(0)
         }
@@ -110,46 +113,12 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
             output,
         } => {
             let store = store.events().await?;
-            let events = store
-                .load(&thread)
+            let view = threads::show(store.as_ref(), &thread)
                 .await
-                .map_err(|e| CliError::failure(format!("cannot load thread {thread}: {e}")))?;
-            let Some(summary) = ThreadSummary::from_events(&thread, &events) else {
-                return Err(CliError::failure(format!(
-                    "thread {thread} does not exist in this store"
-                )));
-            };
-            let state = RunState::from_events(&thread, &events);
+                .map_err(failure)?;
             match output {
-                OutputFormat::Json => println!(
-                    "{}",
-                    json!({
-                        "thread": summary,
-                        "messages": state.messages(),
-                        "events": events,
-                    })
-                ),
-                OutputFormat::Text => {
-                    println!(
-                        "thread {thread}  {}  {} events",
-                        status_name(summary.status),
-                        summary.event_count
-                    );
-                    println!("\n== conversation ==");
-                    for message in state.messages() {
-                        print_message(message);
-                    }
-                    println!("\n== events ==");
-                    for event in &events {
-                        println!(
-                            "{:>5}  {}  {}  {}",
-                            event.seq,
-                            event.ts.format("%H:%M:%S%.3f"),
-                            event.run_id,
-                            event.kind.name()
-                        );
-                    }
-                }
+                OutputFormat::Json => println!("{}", view.to_json()),
+                OutputFormat::Text => print_lines(&threads::render_view(&view)),
             }
             Ok(0)
         }
@@ -160,19 +129,12 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
             output,
         } => {
             let store = store.events().await?;
-            load_existing(store.as_ref(), &thread).await?;
-            let forked = Thread::fork(store.as_ref(), &thread, at)
+            let forked = threads::fork(store.as_ref(), &thread, at)
                 .await
-                .map_err(|e| {
-                    CliError::failure(format!("cannot fork thread {thread} at {at}: {e}"))
-                })?;
-            let copied = forked.state().next_seq();
+                .map_err(failure)?;
             match output {
-                OutputFormat::Json => println!(
-                    "{}",
-                    json!({"thread_id": forked.id(), "forked_from": thread, "at_seq": at, "events": copied})
-                ),
-                OutputFormat::Text => println!("{}", forked.id()),
+                OutputFormat::Json => println!("{}", forked.to_json()),
+                OutputFormat::Text => println!("{}", forked.thread_id),
             }
             Ok(0)
         }
@@ -182,10 +144,9 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
             output,
         } => {
             let store = store.events().await?;
-            let existed = store
-                .delete_thread(&thread)
+            let existed = threads::delete(store.as_ref(), &thread)
                 .await
-                .map_err(|e| CliError::failure(format!("cannot delete thread {thread}: {e}")))?;
+                .map_err(failure)?;
             match output {
                 OutputFormat::Json => {
                     println!("{}", json!({"thread_id": thread, "deleted": existed}))
@@ -198,125 +159,13 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
     }
 }
 
-fn status_name(status: ThreadStatus) -> String {
-    match status {
-        ThreadStatus::Running => "running".into(),
-        ThreadStatus::AwaitingApproval => "awaiting_approval".into(),
-        ThreadStatus::AwaitingUser => "awaiting_user".into(),
-        ThreadStatus::Ended(end_state) => end_state.to_string(),
-    }
+/// A thread query that failed at run time (exit 1).
+fn failure(error: ThreadsError) -> CliError {
+    CliError::failure(error.to_string())
 }
 
-fn parse_status(text: &str) -> Result<ThreadStatus, CliError> {
-    let ends = [
-        EndState::Done,
-        EndState::ClarifyNeeded,
-        EndState::BudgetExceeded,
-        EndState::UnrecoverableToolContract,
-        EndState::Cancelled,
-        EndState::Failed,
-    ];
-    match text {
-        "running" => Ok(ThreadStatus::Running),
-        "awaiting_approval" => Ok(ThreadStatus::AwaitingApproval),
-        "awaiting_user" => Ok(ThreadStatus::AwaitingUser),
-        other => ends
-            .into_iter()
-            .find(|e| e.as_str() == other)
-            .map(ThreadStatus::Ended)
-            .ok_or_else(|| {
-                CliError::usage(format!(
-                    "--status {other:?}: use running, awaiting_approval, awaiting_user, {}",
-                    ends.map(EndState::as_str).join(", ")
-                ))
-            }),
-    }
-}
-
-/// Parses `--since`: an RFC 3339 time or an age (`90s`, `15m`, `2h`, `7d`) before `now`.
-fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
-    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&Utc));
-    }
-    let bad = || {
-        CliError::usage(format!(
-            "--since {text:?}: give an RFC 3339 time or an age like 30s, 15m, 2h, 7d"
-        ))
-    };
-    let split = text.len().checked_sub(1).ok_or_else(bad)?;
-    let (number, unit) = (
-        text.get(..split).ok_or_else(bad)?,
-        text.get(split..).ok_or_else(bad)?,
-    );
-    let n: i64 = number.parse().map_err(|_| bad())?;
-    let age = match unit {
-        "s" => chrono::Duration::try_seconds(n),
-        "m" => chrono::Duration::try_minutes(n),
-        "h" => chrono::Duration::try_hours(n),
-        "d" => chrono::Duration::try_days(n),
-        _ => None,
-    }
-    .ok_or_else(bad)?;
-    now.checked_sub_signed(age).ok_or_else(bad)
-}
-
-fn print_list(threads: &[ThreadSummary]) {
-    println!(
-        "{:<40} {:<18} {:>7}  {:<10} UPDATED",
-        "THREAD", "STATUS", "EVENTS", "AGENT"
-    );
-    for t in threads {
-        println!(
-            "{:<40} {:<18} {:>7}  {:<10} {}",
-            t.thread_id,
-            status_name(t.status),
-            t.event_count,
-            t.agent.as_deref().unwrap_or("-"),
-            t.updated_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        );
-    }
-}
-
-fn print_message(message: &Message) {
-    let role = serde_json::to_value(message.role)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    for part in &message.parts {
-        match part {
-            Part::Text { text } => println!("{role}: {text}"),
-            Part::ToolCall(call) => {
-                println!("{role}: → {} {} ({})", call.name, call.arguments, call.id)
-            }
-            Part::ToolResult(result) => println!(
-                "{role}: ← {} ({}): {}",
-                result.name, result.call_id, result.content
-            ),
-            _ => {}
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn since_accepts_ages_and_times() {
-        let now = Utc::now();
-        assert_eq!(
-            parse_since("2h", now).unwrap(),
-            now - chrono::Duration::hours(2)
-        );
-        assert!(parse_since("2026-01-01T00:00:00Z", now).is_ok());
-        assert!(parse_since("2x", now).is_err());
-        assert!(parse_since("", now).is_err());
-        assert_eq!(
-            parse_status("done").unwrap(),
-            ThreadStatus::Ended(EndState::Done)
-        );
-        assert!(parse_status("nope").is_err());
+fn print_lines(lines: &[String]) {
+    for line in lines {
+        println!("{line}");
     }
 }

@@ -13,9 +13,12 @@ pub enum TraceCommand {
         #[arg(long, value_name = "DIR", default_value = ".keel/traces")]
         dir: PathBuf,
     },
-    /// Print a run's timeline: durations, tokens, cost, tool outcomes, retries, end state.
+    /// Print a run's timeline: durations, tokens, cost, tool outcomes, retries, end state,
+    /// and its spans as a tree (agents called as tools and handoff targets nested under
+    /// the call that started them).
     Show {
-        /// A trace id (or a unique prefix of one).
+        /// A trace id (or a unique prefix of one), or a thread id: every trace of the
+        /// thread, oldest first.
         id: String,
         /// The trace directory.
         #[arg(long, value_name = "DIR", default_value = ".keel/traces")]
@@ -34,13 +37,25 @@ pub fn run(command: TraceCommand) -> Result<u8, CliError> {
             Ok(0)
         }
         TraceCommand::Show { id, dir } => {
-            let records = keel_telemetry::read_trace(&dir, &id).map_err(|e| {
-                CliError::usage(format!(
-                    "trace {id} in {}: {e} (see `keel trace list`)",
-                    dir.display()
-                ))
-            })?;
-            print!("{}", keel_telemetry::render_timeline(&records));
+            let records = match keel_telemetry::read_trace(&dir, &id) {
+                Ok(records) => vec![records],
+                Err(e) => {
+                    let of_thread =
+                        keel_telemetry::read_thread_traces(&dir, &id).unwrap_or_default();
+                    if of_thread.is_empty() {
+                        return Err(CliError::usage(format!(
+                            "trace {id} in {}: {e} (see `keel trace list`)",
+                            dir.display()
+                        )));
+                    }
+                    of_thread
+                }
+            };
+            let rendered: Vec<String> = records
+                .iter()
+                .map(|r| keel_telemetry::render_timeline(r))
+                .collect();
+            print!("{}", rendered.join("\n"));
             Ok(0)
         }
     }

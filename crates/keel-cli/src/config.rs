@@ -45,11 +45,14 @@ pub fn get() -> &'static KeelConfig {
     app().config()
 }
 
-/// An application error as a CLI error: a store that cannot be opened or a tool that
-/// cannot be built is a failure (exit 1); everything else is a usage error (exit 2).
+/// An application error as a CLI error: a store that cannot be opened, a tool that cannot
+/// be built or a thread that cannot be resumed is a failure (exit 1); everything else is a
+/// usage error (exit 2).
 pub fn app_error(error: AppError) -> CliError {
     match error {
-        AppError::Store { .. } | AppError::Tool { .. } => CliError::failure(error.to_string()),
+        AppError::Store { .. } | AppError::Tool { .. } | AppError::Resume(_) => {
+            CliError::failure(error.to_string())
+        }
         other => CliError::usage(other.to_string()),
     }
 }

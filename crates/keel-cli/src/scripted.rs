@@ -4,28 +4,11 @@
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use keel_core::{
-    Event, EventKind, Model, ModelCapabilities, ModelError, ModelRequest, StreamEvent,
-};
+use keel_core::{Model, ModelCapabilities, ModelError, ModelRequest, StreamEvent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde::Deserialize;
 
 use crate::CliError;
-
-/// How many model answers (responses or failures) the run `run_id` has in `events`: the
-/// script step a resumed run continues at.
-pub fn consumed_steps(events: &[Event], run_id: &str) -> usize {
-    events
-        .iter()
-        .filter(|e| e.run_id == run_id)
-        .filter(|e| {
-            matches!(
-                e.kind,
-                EventKind::ModelResponded { .. } | EventKind::ModelFailed { .. }
-            )
-        })
-        .count()
-}
 
 #[derive(Deserialize)]
 #[serde(untagged)]

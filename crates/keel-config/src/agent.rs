@@ -34,10 +34,15 @@ pub struct AgentDefinition {
     /// keel.toml only: an agent file (relative to keel.toml) whose keys this table overrides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
+    /// What runs the agent: `tool` (the default, the tool-calling agent) or
+    /// `openai-responses` (the conversation lives on OpenAI's Responses API).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<AgentKind>,
     /// The agent's name (default: the `[agents.<name>]` name, else `agent`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// What the agent is for (for people; not sent to the model).
+    /// What the agent is for: for people, and shown to a model this agent is offered to
+    /// as a tool or handoff target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// System instructions: the top of the system prompt.
@@ -80,6 +85,44 @@ pub struct AgentDefinition {
     /// Approval mode of this agent's runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approve: Option<ApprovalMode>,
+    /// keel.toml `[agents.<name>]` names this agent may hand the conversation to (a
+    /// `transfer_to_<name>` tool each); the target continues the same thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoffs: Option<Vec<String>>,
+    /// How many handoffs one user request may go through (default 5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_handoffs: Option<u32>,
+    /// keel.toml `[agents.<name>]` names offered to this agent as tools (a tool named
+    /// after each, taking `{"task": string}`); each runs on a child thread with its own
+    /// budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agents_as_tools: Option<Vec<String>>,
+}
+
+/// An agent's `kind`: what runs it, and so where its threads' conversations live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum AgentKind {
+    /// The tool-calling agent (model, tools, policies); the conversation is Keel's log.
+    #[default]
+    #[serde(rename = "tool")]
+    Tool,
+    /// An agent on OpenAI's Responses API in its stateful mode: the provider stores the
+    /// conversation and each run sends only the new messages with the previous response's
+    /// id. Its threads cannot be continued by a tool-calling agent, nor can it take over
+    /// theirs.
+    #[serde(rename = "openai-responses")]
+    OpenAiResponses,
+}
+
+impl AgentKind {
+    /// The name written in keel.toml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tool => "tool",
+            Self::OpenAiResponses => "openai-responses",
+        }
+    }
 }
 
 /// One entry of an agent's `tools`.
@@ -235,6 +278,25 @@ pub struct AgentFile {
 impl AgentDefinition {
     /// Parses agent-file text; `file` is the name shown in diagnostics. Every problem is
     /// reported (unknown keys with the nearest valid key, invalid values, a `file` key).
+    ///
+    /// ```
+    /// use keel_config::AgentDefinition;
+    ///
+    /// let agent = AgentDefinition::parse(
+    ///     "name = \"helper\"\ninstructions = \"Be brief.\"\ntools = [\"calculator\"]\n",
+    ///     "helper.toml",
+    /// )
+    /// .expect("a valid agent file");
+    /// assert_eq!(agent.name.as_deref(), Some("helper"));
+    /// assert_eq!(agent.tools.unwrap()[0].name(), "calculator");
+    ///
+    /// // A typo is located (file, line, column) with the nearest valid key.
+    /// let problems = AgentDefinition::parse("name = \"x\"\nmodle = \"openai:gpt-4.1\"\n", "x.toml")
+    ///     .unwrap_err();
+    /// assert_eq!((problems[0].line, problems[0].column), (Some(2), Some(1)));
+    /// assert!(problems[0].message.contains("did you mean `model`?"));
+    /// assert!(problems[0].render().starts_with("x.toml:2:1: error:"), "{}", problems[0].render());
+    /// ```
     pub fn parse(text: &str, file: &str) -> Result<AgentDefinition, Vec<Diagnostic>> {
         let analysis = analyze_as::<AgentDefinition>(text, file, None);
         let mut diagnostics = analysis.diagnostics;
@@ -311,6 +373,7 @@ impl AgentDefinition {
         };
         AgentDefinition {
             file: None,
+            kind: pick(&over.kind, &self.kind),
             name: pick(&over.name, &self.name),
             description: pick(&over.description, &self.description),
             instructions: pick(&over.instructions, &self.instructions),
@@ -326,6 +389,9 @@ impl AgentDefinition {
             critic: pick(&over.critic, &self.critic),
             context,
             approve: pick(&over.approve, &self.approve),
+            handoffs: pick(&over.handoffs, &self.handoffs),
+            max_handoffs: pick(&over.max_handoffs, &self.max_handoffs),
+            agents_as_tools: pick(&over.agents_as_tools, &self.agents_as_tools),
         }
     }
 
@@ -333,6 +399,7 @@ impl AgentDefinition {
     pub fn set_keys(&self) -> Vec<&'static str> {
         let flags = [
             ("file", self.file.is_some()),
+            ("kind", self.kind.is_some()),
             ("name", self.name.is_some()),
             ("description", self.description.is_some()),
             ("instructions", self.instructions.is_some()),
@@ -348,6 +415,9 @@ impl AgentDefinition {
             ("critic", self.critic.is_some()),
             ("context", self.context.is_some()),
             ("approve", self.approve.is_some()),
+            ("handoffs", self.handoffs.is_some()),
+            ("max_handoffs", self.max_handoffs.is_some()),
+            ("agents_as_tools", self.agents_as_tools.is_some()),
         ];
         flags
             .into_iter()

@@ -274,6 +274,13 @@ pub(crate) fn semantic(
             ),
         ));
     }
+    // Workflows: kinds, keys and the agents they name.
+    for (name, workflow) in &config.workflows {
+        for problem in crate::workflow::problems(config, name, workflow, base_dir) {
+            let path = crate::source::parse_key(&problem.key);
+            out.push(error(problem.code, path, problem.message));
+        }
+    }
 }
 
 /// Values of a retry section no retry loop can use, with their key paths.

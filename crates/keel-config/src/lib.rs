@@ -21,8 +21,11 @@ pub mod env;
 pub mod load;
 pub mod schema;
 pub mod source;
+pub mod workflow;
 
-pub use agent::{AgentDefinition, AgentFile, CriticConfig, RequiredCall, RequiredText, ToolEntry};
+pub use agent::{
+    AgentDefinition, AgentFile, AgentKind, CriticConfig, RequiredCall, RequiredText, ToolEntry,
+};
 pub use check::{check, check_in, check_str, load_blocking, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
@@ -33,6 +36,7 @@ pub use schema::{
     ToolsConfig, split_spec,
 };
 pub use source::Source;
+pub use workflow::{WorkflowConfig, WorkflowKind};
 
 /// Re-exported so callers need not depend on the owning crates for these sections.
 pub use keel_mcp::McpServerConfig;

@@ -159,6 +159,18 @@ impl KeelConfig {
     /// Parses configuration text with an explicit environment: the configuration (when
     /// the text is valid TOML) and every diagnostic. Relative files are resolved against
     /// `base_dir`; `file` is the name shown in diagnostics.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use keel_config::KeelConfig;
+    ///
+    /// let text = "[store]\nurl = \"${DB:-memory:}\"\n\n[agents.helper]\ninstructions = \"Help.\"\n";
+    /// let (config, diagnostics) = KeelConfig::parse_with_env(text, "keel.toml", Path::new("."), &|_| None);
+    /// let config = config.expect("valid TOML");
+    /// assert!(diagnostics.is_empty(), "{diagnostics:?}");
+    /// assert_eq!(config.store.url, "memory:"); // `${DB:-memory:}` with DB unset
+    /// assert!(config.agents.contains_key("helper"));
+    /// ```
     pub fn parse_with_env(
         text: &str,
         file: &str,

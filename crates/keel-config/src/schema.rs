@@ -39,6 +39,8 @@ pub struct KeelConfig {
     pub policies: PolicyTable,
     /// `[approvals]`: which tool calls need a human decision.
     pub approvals: ApprovalsConfig,
+    /// `[workflows.<name>]`: durable compositions of agents (sequential, parallel, router).
+    pub workflows: BTreeMap<String, crate::workflow::WorkflowConfig>,
 }
 
 /// Output format of `keel run`.

@@ -4,6 +4,14 @@
 use serde::{Deserialize, Serialize};
 
 /// Limits on one run. `None` means unlimited.
+///
+/// ```
+/// use keel_core::Budget;
+///
+/// let budget = Budget { max_turns: Some(4), max_cost_usd: Some(0.50), ..Budget::default() };
+/// assert_eq!(budget.max_wall_clock_ms, Some(600_000)); // the default 10 minutes
+/// assert_eq!(Budget::unlimited().max_turns, None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Budget {
     /// Maximum model calls in the run.

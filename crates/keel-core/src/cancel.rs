@@ -35,6 +35,18 @@ impl Inner {
 /// Signals cancellation to everything holding a clone or a child of this token.
 ///
 /// Cancelling a token cancels all its children; cancelling a child leaves the parent alone.
+///
+/// ```
+/// use keel_core::CancellationToken;
+///
+/// let run = CancellationToken::new();
+/// let call = run.child();
+/// call.child().cancel(); // a grandchild: neither the call nor the run
+/// assert!(!call.is_cancelled());
+/// run.cancel();
+/// assert!(call.is_cancelled());
+/// futures::executor::block_on(call.cancelled()); // already cancelled: returns at once
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct CancellationToken {
     inner: Arc<Inner>,

@@ -66,6 +66,7 @@ pub enum CriticNext {
 /// What happened. Serialized with a `type` tag in snake_case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum EventKind {
     /// A run began.
     RunStarted {
@@ -85,6 +86,11 @@ pub enum EventKind {
         /// it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         definition: Option<Box<AgentDefinition>>,
+        /// The span this run nests under when another run started it — the tool call of
+        /// an agent called as a tool, the handoff that passed it the conversation — in
+        /// the same trace (the event's `trace_id`). Absent for a top-level run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent_span_id: Option<String>,
     },
     /// A user message was added to the conversation.
     UserMessage {
@@ -254,6 +260,64 @@ pub enum EventKind {
         /// The decision.
         decision: crate::policy::PolicyDecision,
     },
+    /// An agent added an assistant message without a model call of this run: a custom
+    /// agent's answer, a provider-hosted agent's reply, the result a handoff target
+    /// returned. Folded into the conversation like a model's answer.
+    AgentMessage {
+        /// The agent that wrote it.
+        agent: String,
+        /// The assistant message.
+        message: Message,
+    },
+    /// A workflow step began: its agent runs on `child_thread` (in the same store) with
+    /// `input` as the user message. Recorded before the step's run starts, so a resumed
+    /// workflow finds the step's run (the first run of `child_thread` at or after
+    /// `from_seq`) and never starts it twice.
+    WorkflowStepStarted {
+        /// The step's name (unique within the workflow).
+        step: String,
+        /// The agent that runs it.
+        agent: String,
+        /// The thread the step's run is on.
+        child_thread: String,
+        /// The step's input (the user message of its run).
+        input: String,
+        /// The child thread's length when the step started: the step's run is the first
+        /// one at or after this position.
+        #[serde(default)]
+        from_seq: u64,
+    },
+    /// A workflow step's run ended; its output is what the next steps receive.
+    WorkflowStepFinished {
+        /// The step's name.
+        step: String,
+        /// The thread the step's run is on.
+        child_thread: String,
+        /// The step's run (on `child_thread`).
+        child_run_id: String,
+        /// How the step's run ended.
+        end_state: EndState,
+        /// The step's final text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+        /// Why it ended, when it did not end `done`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The run's agent handed the conversation to another agent (it called the
+    /// `transfer_to_<to>` tool `call_id`): the run ends, and `to` continues the same thread
+    /// in a new run whose span nests under this event's span.
+    Handoff {
+        /// The agent handing over.
+        from: String,
+        /// The agent taking over.
+        to: String,
+        /// Why, as the model said it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The transfer call.
+        call_id: String,
+    },
     /// Free-form note for things like warnings (history trimmed, stream restarted).
     Notice {
         /// Short machine-readable code.
@@ -298,6 +362,10 @@ impl EventKind {
             Self::Compacted { .. } => "compacted",
             Self::Critique { .. } => "critique",
             Self::Retry { .. } => "retry",
+            Self::AgentMessage { .. } => "agent_message",
+            Self::Handoff { .. } => "handoff",
+            Self::WorkflowStepStarted { .. } => "workflow_step_started",
+            Self::WorkflowStepFinished { .. } => "workflow_step_finished",
             Self::PolicyApplied { .. } => "policy_applied",
             Self::Notice { .. } => "notice",
             Self::RunEnded { .. } => "run_ended",

@@ -100,6 +100,15 @@ pub enum Part {
 }
 
 /// A message in a conversation.
+///
+/// ```
+/// use keel_core::{Message, Role};
+///
+/// let question = Message::user("What is 17*23?");
+/// assert_eq!(question.role, Role::User);
+/// assert_eq!(question.text(), "What is 17*23?");
+/// assert_eq!(Message::assistant("391").role, Role::Assistant);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// The author.

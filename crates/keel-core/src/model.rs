@@ -270,6 +270,7 @@ impl ResponseAssembler {
 /// The class of a model failure, decided once at the provider boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ModelErrorKind {
     /// Bad or missing API key (401).
     Authentication,

@@ -11,6 +11,7 @@ use serde_json::Value;
 /// The error taxonomy of tool calls (seed 000 §2.2 and §18, plus `cancelled` and `denied`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ToolErrorCode {
     /// Arguments missing, malformed or failing the input schema (HTTP 400/422).
     InvalidInput,

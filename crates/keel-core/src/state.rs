@@ -163,6 +163,10 @@ pub struct RunState {
     /// Index in `messages` of the tool message collecting results of the latest answer.
     open_results_message: Option<usize>,
     run: Option<RunScope>,
+    /// The agent a handoff passed the conversation to, until its run starts.
+    pending_handoff: Option<String>,
+    /// Handoffs since the latest run that was not a take-over (one user request's chain).
+    handoff_chain: u32,
 }
 
 impl RunState {
@@ -206,6 +210,18 @@ impl RunState {
         self.run.as_ref()
     }
 
+    /// The agent the latest run handed the conversation to, while its run has not started:
+    /// that agent takes over the thread with no new message.
+    pub fn pending_handoff(&self) -> Option<&str> {
+        self.pending_handoff.as_deref()
+    }
+
+    /// Handoffs in the current chain: since the latest run that was not a take-over after
+    /// a handoff (so, for one user request).
+    pub fn handoff_chain(&self) -> u32 {
+        self.handoff_chain
+    }
+
     /// Whether a run is in progress (started and not ended).
     pub fn run_in_progress(&self) -> bool {
         self.run.as_ref().is_some_and(|run| run.ended.is_none())
@@ -235,6 +251,9 @@ impl RunState {
         self.next_seq = event.seq.saturating_add(1);
         match &event.kind {
             EventKind::RunStarted { agent, budget, .. } => {
+                if self.pending_handoff.take().is_none() {
+                    self.handoff_chain = 0;
+                }
                 self.run = Some(RunScope {
                     run_id: event.run_id.clone(),
                     agent: agent.clone(),
@@ -455,6 +474,16 @@ impl RunState {
                 }
             }
             EventKind::Retry { .. } => {}
+            // Workflow bookkeeping: the steps' conversations live on their own threads.
+            EventKind::WorkflowStepStarted { .. } | EventKind::WorkflowStepFinished { .. } => {}
+            EventKind::AgentMessage { message, .. } => {
+                self.open_results_message = None;
+                self.messages.push(message.clone());
+            }
+            EventKind::Handoff { to, .. } => {
+                self.pending_handoff = Some(to.clone());
+                self.handoff_chain = self.handoff_chain.saturating_add(1);
+            }
         }
     }
 

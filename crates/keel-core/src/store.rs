@@ -17,6 +17,7 @@ use crate::event::{Event, EventKind};
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Someone else appended first.
     #[error(

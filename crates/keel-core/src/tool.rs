@@ -234,6 +234,17 @@ impl ToolSpec {
 
     /// Every way this spec breaks the tool contract, each naming the tool and the rule.
     /// Empty when the spec is compliant.
+    ///
+    /// ```
+    /// use keel_core::ToolSpec;
+    ///
+    /// let problems = ToolSpec::new("GetWeather", "The current weather.", "").contract_violations();
+    /// assert!(problems.iter().any(|p| p.contains("e.g. `get_weather`")), "{problems:?}");
+    /// assert!(problems.iter().any(|p| p.contains("usage guidance must not be empty")));
+    ///
+    /// let spec = ToolSpec::new("get_weather", "The current weather.", "get_weather — Usage Guide …");
+    /// assert!(spec.contract_violations().is_empty());
+    /// ```
     pub fn contract_violations(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let name = &self.name;
@@ -413,6 +424,15 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// Per-tool credential lookup.
     pub credentials: Arc<dyn CredentialSource>,
+    /// The trace of the calling run (W3C trace id; empty when the caller keeps none).
+    pub trace_id: String,
+    /// The call's span in that trace (empty when unknown): a tool that starts runs of its
+    /// own (an agent offered as a tool) nests them under it.
+    pub span_id: String,
+    /// What the runtime driving the call lends to tools that need more than the call
+    /// itself: keel-runtime lends the calling run's `RunContext` (store, observers,
+    /// approval handler), which an agent offered as a tool runs with.
+    pub runtime: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for ToolContext {
@@ -422,6 +442,7 @@ impl std::fmt::Debug for ToolContext {
             .field("run_id", &self.run_id)
             .field("call_id", &self.call_id)
             .field("idempotency_key", &self.idempotency_key)
+            .field("span_id", &self.span_id)
             .field("cancelled", &self.cancel.is_cancelled())
             .finish_non_exhaustive()
     }
@@ -444,6 +465,9 @@ impl ToolContext {
             call_id,
             cancel,
             credentials: Arc::new(NoCredentials),
+            trace_id: String::new(),
+            span_id: String::new(),
+            runtime: None,
         }
     }
 
@@ -453,7 +477,61 @@ impl ToolContext {
     }
 }
 
-/// A tool with typed arguments and output. Wrap it in [`TypedTool`] to register it.
+/// A tool with typed arguments and output. Wrap it in [`TypedTool`] to register it
+/// ([`ToolRegistry::register_typed`](crate::ToolRegistry::register_typed) does).
+///
+/// The argument type's doc comments become the descriptions the model reads, and
+/// arguments that do not match its schema are refused before `call` runs.
+///
+/// ```
+/// use keel_core::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+/// use schemars::JsonSchema;
+/// use serde::{Deserialize, Serialize};
+///
+/// /// The arguments of `add`.
+/// #[derive(Deserialize, JsonSchema)]
+/// struct AddArgs {
+///     /// The first term.
+///     a: i64,
+///     /// The second term.
+///     b: i64,
+/// }
+///
+/// /// The output of `add`.
+/// #[derive(Serialize, JsonSchema)]
+/// struct Sum {
+///     sum: i64,
+/// }
+///
+/// struct Add;
+///
+/// impl Tool for Add {
+///     type Args = AddArgs;
+///     type Output = Sum;
+///
+///     fn spec(&self) -> ToolSpec {
+///         ToolSpec::new("add", "Add two integers.", "add — Usage Guide\n\nAdds two integers.")
+///     }
+///
+///     async fn call(&self, args: AddArgs, _ctx: &ToolContext) -> Result<Sum, ToolError> {
+///         let sum = args.a.checked_add(args.b);
+///         sum.map(|sum| Sum { sum }).ok_or_else(|| ToolError::invalid_input("the sum overflows"))
+///     }
+/// }
+///
+/// let mut tools = ToolRegistry::new();
+/// tools.register_typed(Add)?;
+/// let add = tools.get("add").expect("registered");
+/// // The input schema was generated from `AddArgs`.
+/// assert_eq!(add.spec().input_schema["required"], serde_json::json!(["a", "b"]));
+///
+/// let ctx = ToolContext::new("thr_1", "run_1", "call_1", Default::default());
+/// let output = futures::executor::block_on(add.call(serde_json::json!({"a": 2, "b": 3}), &ctx))?;
+/// assert_eq!(output, serde_json::json!({"sum": 5}));
+/// let refused = futures::executor::block_on(add.call(serde_json::json!({"a": "two"}), &ctx));
+/// assert_eq!(refused.unwrap_err().code, keel_core::ToolErrorCode::InvalidInput);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Tool: Send + Sync + 'static {
     /// The arguments; their JSON Schema becomes the tool's input schema.
     type Args: DeserializeOwned + JsonSchema + Send + 'static;
@@ -496,6 +574,23 @@ pub trait DynTool: Send + Sync {
 }
 
 /// Generates the JSON Schema for `T` in the form providers accept (no `$schema`, no title).
+///
+/// ```
+/// /// A city.
+/// #[derive(schemars::JsonSchema)]
+/// struct City {
+///     /// Its name.
+///     name: String,
+///     /// Inhabitants, if known.
+///     population: Option<u64>,
+/// }
+///
+/// let schema = keel_core::tool::schema_for::<City>();
+/// assert_eq!(schema["type"], "object");
+/// assert_eq!(schema["required"], serde_json::json!(["name"]));
+/// assert_eq!(schema["properties"]["name"]["description"], "Its name.");
+/// assert!(schema.get("$schema").is_none() && schema.get("title").is_none());
+/// ```
 pub fn schema_for<T: JsonSchema>() -> Value {
     let schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>();
     let mut value = serde_json::to_value(schema).unwrap_or(Value::Null);

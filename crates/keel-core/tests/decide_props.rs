@@ -120,6 +120,7 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
         constraints: vec![],
         budget: Budget::unlimited().with_max_turns(max_turns),
         definition: None,
+        parent_span_id: None,
     });
     sim.push(EventKind::UserMessage {
         message: Message::user("go"),
@@ -370,6 +371,7 @@ fn wall_clock_budget_ends_the_run() {
             constraints: vec![],
             budget,
             definition: None,
+            parent_span_id: None,
         },
     ));
     state.apply(&event(

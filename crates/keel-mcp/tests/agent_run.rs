@@ -16,7 +16,7 @@ use keel_core::{
     EndState, EventKind, EventStore, MemoryStore, Message, ToolErrorCode, ToolRegistry,
 };
 use keel_mcp::McpManager;
-use keel_runtime::{Agent, RunContext, Thread};
+use keel_runtime::{RunContext, Thread, ToolAgent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::json;
 
@@ -39,7 +39,9 @@ async fn a_scripted_model_calls_mcp_tools_through_the_executor() {
         ScriptStep::tool_call("everything__get_sum", json!({"a": 2, "b": 3})),
         ScriptStep::text("The echo worked and 2 + 3 = 5."),
     ]));
-    let agent = Agent::builder("mcp", model.clone()).tools(registry).build();
+    let agent = ToolAgent::builder("mcp", model.clone())
+        .tools(registry)
+        .build();
     let store = Arc::new(MemoryStore::new());
     let mut thread = Thread::new();
     let outcome = agent

@@ -217,6 +217,16 @@ pub fn model_from_spec_with_env(
     options: &ProviderOptions,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn Model>, ProviderConfigError> {
+    let model: Arc<dyn Model> = Arc::new(http_model_from_spec(spec, options, env)?);
+    Ok(model)
+}
+
+/// The HTTP model behind [`model_from_spec_with_env`].
+pub(crate) fn http_model_from_spec(
+    spec: &str,
+    options: &ProviderOptions,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<HttpModel, ProviderConfigError> {
     let valid = PROVIDERS.join(", ");
     let Some((provider, model)) = spec
         .split_once(':')
@@ -331,7 +341,7 @@ pub fn model_from_spec_with_env(
             .map_or(defaults.max_output_tokens, |p| p.max_output_tokens),
         ..defaults
     };
-    Ok(Arc::new(HttpModel {
+    Ok(HttpModel {
         protocol,
         model: model.to_owned(),
         client,
@@ -345,7 +355,7 @@ pub fn model_from_spec_with_env(
             .unwrap_or_else(|| Arc::new(TokioSleeper)),
         pricing,
         capabilities,
-    }))
+    })
 }
 
 fn parse_base(provider: &str, raw: &str) -> Result<Url, ProviderConfigError> {

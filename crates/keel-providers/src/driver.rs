@@ -246,11 +246,23 @@ impl Model for HttpModel {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        let provider = self.protocol.provider();
         let max_output = request
             .max_output_tokens
             .unwrap_or(self.capabilities.max_output_tokens);
         let body = serde_json::to_vec(&self.protocol.body(&self.model, max_output, &request));
+        self.stream_body(body)
+    }
+}
+
+impl HttpModel {
+    /// Sends an already built request body and streams the answer, with the same
+    /// timeouts, deadline, retries and cost reporting as [`Model::stream`] (for callers
+    /// that adjust the protocol's body, like [`crate::StoredResponses`]).
+    pub(crate) fn stream_body(
+        &self,
+        body: Result<Vec<u8>, serde_json::Error>,
+    ) -> BoxStream<'_, Result<StreamEvent, ModelError>> {
+        let provider = self.protocol.provider();
         Box::pin(async_stream::stream! {
             let body = match body {
                 Ok(body) => Bytes::from(body),

@@ -6,6 +6,8 @@
 //! timeouts, an overall per-call deadline, a byte limit per streamed event, token estimates (tiktoken for OpenAI-family models) and a pricing table.
 //!
 //! The entry point is [`model_from_spec`] (`"anthropic:claude-sonnet-4-5"` → a model).
+//! [`StoredResponses`] is the Responses API's stateful mode (the provider keeps the
+//! conversation; requests continue it by `previous_response_id`), for service-backed agents.
 //!
 //! This crate must not decide anything about the agent loop (that is `keel-core`), must
 //! not log secrets, and must never reach a non-loopback host when `loopback_only` (or
@@ -24,6 +26,7 @@ mod openai_responses;
 pub mod pricing;
 mod redact;
 pub mod retry;
+mod stored_responses;
 pub mod tokens;
 
 pub use anthropic::ANTHROPIC_VERSION;
@@ -37,3 +40,4 @@ pub use retry::{Jitter, RecordingSleeper, RetryConfig, Sleeper, TokioSleeper};
 /// The secret type of [`ProviderOptions::api_key`], re-exported so callers need no
 /// direct `secrecy` dependency.
 pub use secrecy::{ExposeSecret, SecretString};
+pub use stored_responses::{STORED_RESPONSES_PROVIDER, StoredResponses};

@@ -3,7 +3,9 @@
 //! The system prompt is `instructions`; the conversation is a list of input items
 //! (messages, `function_call`, `function_call_output`). Requests are stateless
 //! (`store: false`), so reasoning items are kept as [`StreamEvent::ProviderItem`]s and
-//! echoed back verbatim on the next request.
+//! echoed back verbatim on the next request. The stateful mode (`store: true` and
+//! `previous_response_id`) is [`crate::StoredResponses`]'s, through
+//! [`stored_request_body`].
 
 use keel_core::{
     ModelError, ModelRequest, Part, Role, StopReason, StreamEvent, ToolCall, ToolChoice, Usage,
@@ -134,6 +136,27 @@ pub(crate) fn request_body(model: &str, max_output: u32, request: &ModelRequest<
     }
     body.insert("stream".into(), json!(true));
     Value::Object(body)
+}
+
+/// The request body of the API's stateful mode ([`crate::StoredResponses`]): the
+/// provider stores the response (`store: true`) and `request.messages` are only what
+/// follows `previous_response_id`, the conversation the provider already holds.
+/// Reasoning is kept by the provider, so no encrypted reasoning is asked for.
+pub(crate) fn stored_request_body(
+    model: &str,
+    max_output: u32,
+    request: &ModelRequest<'_>,
+    previous_response_id: Option<&str>,
+) -> Value {
+    let mut body = request_body(model, max_output, request);
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert("store".into(), json!(true));
+        fields.remove("include");
+        if let Some(previous) = previous_response_id {
+            fields.insert("previous_response_id".into(), json!(previous));
+        }
+    }
+    body
 }
 
 #[derive(Default)]

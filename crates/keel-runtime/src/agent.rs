@@ -1,475 +1,308 @@
-//! [`Agent`]: a name, instructions, a model, tools and a budget — and `run`, seed 003's
-//! `agent.run(new_messages, &mut thread, &context)`.
+//! The [`Agent`] trait: seed 003's "an agent is anything that processes messages in a
+//! thread". [`crate::ToolAgent`] (model + tools + policies) is the main implementation;
+//! custom agents, provider-backed agents and compositions implement the same trait, so
+//! every surface (CLI, server, library, workflows, agent-as-tool) drives them alike.
+//!
+//! The contract every implementation keeps: events go to `context.store` before they are
+//! acted on, observers see each appended event, the run honours `context.cancel`, and
+//! failures are returned as data ([`RunOutcome`] with an end state) — `Err` is kept for
+//! "could not run at all" (store failure, incompatible thread, nothing to resume).
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::Poll;
 
-use keel_core::definition::sha256_hex;
-use keel_core::observation::{DefaultNormalizer, ObservationMode, ObservationNormalizer};
-use keel_core::planner::{self, PlannerMode};
-use keel_core::{
-    AgentDefinition, AgentFingerprint, Budget, Critic, Message, Model, PolicyTable, ToolChoice,
-    ToolDefinition, ToolFingerprint, ToolRegistry,
-};
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use keel_core::{Event, Message, StreamEvent};
 
-use crate::context::RunContext;
-use crate::executor::ToolExecutor;
+use crate::context::{ChannelObserver, RunContext, RunUpdate};
 use crate::outcome::{RunError, RunOutcome};
-use crate::runner;
 use crate::thread::Thread;
 
-/// An agent: everything needed to drive runs, shareable across concurrent runs.
-pub struct Agent {
-    pub(crate) name: String,
-    pub(crate) model: Arc<dyn Model>,
-    pub(crate) tools: ToolRegistry,
-    pub(crate) executor: ToolExecutor,
-    pub(crate) system_prompt: String,
-    pub(crate) tool_definitions: Vec<ToolDefinition>,
-    pub(crate) budget: Budget,
-    pub(crate) tool_choice: ToolChoice,
-    pub(crate) temperature: Option<f32>,
-    /// Tokens the context budget reserves for each answer.
-    pub(crate) output_reserve: u32,
-    /// The output limit sent with each request (`max_output_tokens`, or the reservation
-    /// when it had to be capped to fit the window).
-    pub(crate) request_max_output: Option<u32>,
-    pub(crate) stream_idle_timeout: Duration,
-    pub(crate) policy: PolicyTable,
-    pub(crate) observation_mode: ObservationMode,
-    pub(crate) normalizer: Arc<dyn ObservationNormalizer>,
-    pub(crate) critic: Option<Arc<dyn Critic>>,
-    pub(crate) max_critic_rejections: u32,
-    pub(crate) planner_mode: PlannerMode,
-    pub(crate) max_invalid_actions: u32,
-    pub(crate) action_schema: Option<serde_json::Value>,
-    pub(crate) context: crate::compaction::ContextConfig,
-    /// What each run records about this agent (recipe and fingerprint).
-    pub(crate) definition: AgentDefinition,
-    /// The estimate of the fixed part of requests, kept between calls.
-    pub(crate) fixed_tokens: crate::compaction::FixedTokens,
-}
+/// Anything that processes messages in a thread.
+///
+/// Implement [`run`](Agent::run) (and [`resume`](Agent::resume) when a paused or
+/// interrupted run of yours can be continued); streaming comes for free through
+/// [`run_stream`](Agent::run_stream). A custom agent writes its run with
+/// [`RunRecorder`](crate::RunRecorder), which keeps the contract above for it:
+///
+/// ```
+/// use keel_core::{EndState, Message};
+/// use keel_runtime::{Agent, RunContext, RunError, RunOutcome, RunRecorder, Thread};
+///
+/// /// Repeats what it is told.
+/// struct Echo;
+///
+/// #[async_trait::async_trait]
+/// impl Agent for Echo {
+///     fn name(&self) -> &str {
+///         "echo"
+///     }
+///
+///     async fn run(
+///         &self,
+///         new_messages: Vec<Message>,
+///         thread: &mut Thread,
+///         context: &RunContext,
+///     ) -> Result<RunOutcome, RunError> {
+///         let text = new_messages.iter().map(Message::text).collect::<Vec<_>>().join("\n");
+///         let mut run = RunRecorder::start("echo", "custom:echo", new_messages, thread, context).await?;
+///         run.reply("echo", Message::assistant(text.clone())).await?;
+///         run.finish(EndState::Done, None, Some(text)).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), RunError> {
+/// let context = RunContext::default(); // an in-memory store
+/// let mut thread = Thread::new();
+/// let outcome = Echo.run(vec![Message::user("hello")], &mut thread, &context).await?;
+/// assert_eq!(outcome.end_state(), Some(EndState::Done));
+/// assert_eq!(outcome.final_text.as_deref(), Some("hello"));
+/// // Durable like any run: run_started, user_message, agent_message, run_ended.
+/// assert_eq!(context.store.load(thread.id()).await?.len(), 4);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Agent: Send + Sync {
+    /// The agent's name (recorded on its runs, shown in traces, used by handoffs).
+    fn name(&self) -> &str;
 
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("name", &self.name)
-            .field("model", &self.model.id())
-            .field("tools", &self.tools)
-            .field("budget", &self.budget)
-            .finish_non_exhaustive()
+    /// What the agent does, in one or two sentences: shown to a model that is offered
+    /// this agent as a tool or as a handoff target.
+    fn description(&self) -> &str {
+        ""
+    }
+
+    /// Where this agent keeps the conversations of the threads it runs on: `None` (the
+    /// default) in the thread's own log; `Some(provider)` on that provider's service
+    /// (e.g. `openai-responses` for an agent on the Responses API's stored
+    /// conversations). See [`crate::ThreadHome`] and [`Thread::check_home`].
+    fn home_provider(&self) -> Option<&str> {
+        None
+    }
+
+    /// Runs the agent on `thread` with `new_messages` until the run ends or pauses.
+    async fn run(
+        &self,
+        new_messages: Vec<Message>,
+        thread: &mut Thread,
+        context: &RunContext,
+    ) -> Result<RunOutcome, RunError>;
+
+    /// Continues the run in progress on `thread` (after a pause or a crash). Agents that
+    /// cannot continue a run say so with [`RunError::NothingToResume`].
+    async fn resume(
+        &self,
+        thread: &mut Thread,
+        _context: &RunContext,
+    ) -> Result<RunOutcome, RunError> {
+        Err(RunError::NothingToResume(thread.id().to_string()))
+    }
+
+    /// [`run`](Agent::run) as a stream: every durable event and every model stream
+    /// fragment as it happens, then [`AgentUpdate::Finished`] with the outcome. Nothing
+    /// is dropped (the channel is unbounded) and the stream ends after `Finished`.
+    fn run_stream<'a>(
+        &'a self,
+        new_messages: Vec<Message>,
+        thread: &'a mut Thread,
+        context: &RunContext,
+    ) -> BoxStream<'a, AgentUpdate> {
+        let (observer, receiver) = ChannelObserver::new();
+        let context = context.clone().with_observer(Arc::new(observer));
+        let run = async move { self.run(new_messages, thread, &context).await }.boxed();
+        stream_run(run, receiver)
     }
 }
 
-impl Agent {
-    /// Starts building an agent.
-    pub fn builder(name: impl Into<String>, model: Arc<dyn Model>) -> AgentBuilder {
-        AgentBuilder {
-            name: name.into(),
-            model,
-            instructions: String::new(),
-            tools: ToolRegistry::new(),
-            budget: Budget::default(),
-            tool_choice: ToolChoice::Auto,
-            temperature: None,
-            max_output_tokens: None,
-            stream_idle_timeout: Duration::from_secs(300),
-            policy: PolicyTable::default(),
-            observation_mode: ObservationMode::Raw,
-            normalizer: Arc::new(DefaultNormalizer),
-            critic: None,
-            max_critic_rejections: 2,
-            planner_mode: PlannerMode::Native,
-            control_tools: true,
-            max_invalid_actions: 2,
-            context: crate::compaction::ContextSettings::default(),
-            recipe: serde_json::Value::Null,
-            max_parallel_tool_calls: crate::executor::DEFAULT_MAX_PARALLEL_CALLS,
+/// One item of [`Agent::run_stream`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AgentUpdate {
+    /// An event was appended to the thread's log.
+    Event(Arc<Event>),
+    /// A fragment of a model's streamed answer (text delta, tool-call fragment, retry).
+    Stream(StreamEvent),
+    /// The run returned; the last item of the stream (boxed: an outcome is large next to
+    /// the other updates).
+    Finished(Box<Result<RunOutcome, RunError>>),
+}
+
+impl From<RunUpdate> for AgentUpdate {
+    fn from(update: RunUpdate) -> Self {
+        match update {
+            RunUpdate::Event(event) => Self::Event(event),
+            RunUpdate::Stream(stream) => Self::Stream(stream),
         }
     }
+}
 
-    /// What every run of this agent records in its `RunStarted` event: the recipe the
-    /// application layer rebuilds the agent from, and the agent's fingerprint.
-    pub fn definition(&self) -> &AgentDefinition {
-        &self.definition
+/// Interleaves a run's observer channel with the run itself: updates as they arrive,
+/// and once the run returns, the updates still queued and then `Finished`.
+fn stream_run<'a>(
+    run: BoxFuture<'a, Result<RunOutcome, RunError>>,
+    mut receiver: tokio::sync::mpsc::UnboundedReceiver<RunUpdate>,
+) -> BoxStream<'a, AgentUpdate> {
+    let mut run: Option<Pin<Box<dyn std::future::Future<Output = _> + Send + 'a>>> = Some(run);
+    let mut result: Option<Result<RunOutcome, RunError>> = None;
+    futures::stream::poll_fn(move |cx| {
+        if let Some(pending) = run.as_mut() {
+            if let Poll::Ready(Some(update)) = receiver.poll_recv(cx) {
+                return Poll::Ready(Some(AgentUpdate::from(update)));
+            }
+            match pending.as_mut().poll(cx) {
+                Poll::Ready(finished) => {
+                    run = None;
+                    result = Some(finished);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // The run has returned (its context, and with it the sender, is dropped): drain
+        // what is queued, then report the outcome once.
+        if let Ok(update) = receiver.try_recv() {
+            return Poll::Ready(Some(AgentUpdate::from(update)));
+        }
+        Poll::Ready(result.take().map(|r| AgentUpdate::Finished(Box::new(r))))
+    })
+    .boxed()
+}
+
+#[async_trait]
+impl Agent for crate::ToolAgent {
+    fn name(&self) -> &str {
+        crate::ToolAgent::name(self)
     }
 
-    /// The agent's name.
-    pub fn name(&self) -> &str {
-        &self.name
+    fn description(&self) -> &str {
+        crate::ToolAgent::description(self)
     }
 
-    /// The model.
-    pub fn model(&self) -> &Arc<dyn Model> {
-        &self.model
-    }
-
-    /// The tools.
-    pub fn tools(&self) -> &ToolRegistry {
-        &self.tools
-    }
-
-    /// The full system prompt: instructions, then the "Tools" guidance section.
-    pub fn system_prompt(&self) -> &str {
-        &self.system_prompt
-    }
-
-    /// The budget of each run.
-    pub fn budget(&self) -> Budget {
-        self.budget
-    }
-
-    /// The tool definitions sent to the model (tools plus control tools in native mode).
-    pub fn tool_definitions(&self) -> &[ToolDefinition] {
-        &self.tool_definitions
-    }
-
-    /// Starts a run on `thread` with `new_messages` and drives it until it ends or pauses.
-    /// Every event is in `context.store` before it is acted on.
-    pub async fn run(
+    async fn run(
         &self,
         new_messages: Vec<Message>,
         thread: &mut Thread,
         context: &RunContext,
     ) -> Result<RunOutcome, RunError> {
-        runner::start(self, new_messages, thread, context).await
+        crate::ToolAgent::run(self, new_messages, thread, context).await
     }
 
-    /// Checks that this agent may continue the run in progress on `thread`: compared with
-    /// the definition the run recorded when it started, no tool of the run may be missing
-    /// or have changed its input schema. Returns the compatible differences (another model,
-    /// changed instructions…), which [`Agent::resume`] records as an `agent_changed` notice.
-    /// Call it before recording a human decision, so an agent that cannot continue the
-    /// run is refused before anything is written.
-    pub fn check_resumable(&self, thread: &Thread) -> Result<Vec<String>, RunError> {
-        runner::check_resumable(self, thread)
-    }
-
-    /// Continues the run in progress on `thread` (after a pause or a crash) — or, when the
-    /// thread's last run ended `failed` because a model call failed on a retryable error
-    /// ([`RunOutcome::resumable`]), continues the conversation in a new run that records
-    /// which run it continues (`run_continued` notice). Fails with
-    /// [`RunError::IncompatibleAgent`], before any model call, when this agent cannot
-    /// continue it (see [`Agent::check_resumable`]).
-    pub async fn resume(
+    async fn resume(
         &self,
         thread: &mut Thread,
         context: &RunContext,
     ) -> Result<RunOutcome, RunError> {
-        runner::resume(self, thread, context).await
+        crate::ToolAgent::resume(self, thread, context).await
     }
 }
 
-/// Builds an [`Agent`].
-pub struct AgentBuilder {
-    name: String,
-    model: Arc<dyn Model>,
-    instructions: String,
-    tools: ToolRegistry,
-    budget: Budget,
-    tool_choice: ToolChoice,
-    temperature: Option<f32>,
-    max_output_tokens: Option<u32>,
-    stream_idle_timeout: Duration,
-    policy: PolicyTable,
-    observation_mode: ObservationMode,
-    normalizer: Arc<dyn ObservationNormalizer>,
-    critic: Option<Arc<dyn Critic>>,
-    max_critic_rejections: u32,
-    planner_mode: PlannerMode,
-    control_tools: bool,
-    max_invalid_actions: u32,
-    context: crate::compaction::ContextSettings,
-    recipe: serde_json::Value,
-    max_parallel_tool_calls: usize,
-}
-
-impl AgentBuilder {
-    /// At most this many tool calls of one turn run at once (default
-    /// [`crate::executor::DEFAULT_MAX_PARALLEL_CALLS`]); the others wait for a free slot and
-    /// results are still committed in call order.
-    pub fn max_parallel_tool_calls(mut self, calls: usize) -> Self {
-        self.max_parallel_tool_calls = calls.max(1);
-        self
+#[async_trait]
+impl<A: Agent + ?Sized> Agent for Arc<A> {
+    fn name(&self) -> &str {
+        (**self).name()
     }
 
-    /// How the application layer rebuilds this agent (model spec, provider options, tool
-    /// selection, agent file…), recorded in every run's `RunStarted` event so that
-    /// `resume`, approvals and workers can rebuild the agent from the log alone. Never put
-    /// secrets here: keys are resolved from the environment again on rebuild.
-    pub fn recipe(mut self, recipe: serde_json::Value) -> Self {
-        self.recipe = recipe;
-        self
+    fn description(&self) -> &str {
+        (**self).description()
     }
 
-    /// The context strategy keeping requests within the context window (default
-    /// `truncate`): `truncate`, `summarize` or `importance`.
-    pub fn context_strategy(mut self, kind: keel_core::context::StrategyKind) -> Self {
-        self.context.kind = Some(kind);
-        self.context.custom = None;
-        self
+    fn home_provider(&self) -> Option<&str> {
+        (**self).home_provider()
     }
 
-    /// A custom context strategy (replaces the built-in one).
-    pub fn custom_context_strategy(
-        mut self,
-        strategy: Arc<dyn keel_core::context::ContextStrategy>,
-    ) -> Self {
-        self.context.custom = Some(strategy);
-        self
+    async fn run(
+        &self,
+        new_messages: Vec<Message>,
+        thread: &mut Thread,
+        context: &RunContext,
+    ) -> Result<RunOutcome, RunError> {
+        (**self).run(new_messages, thread, context).await
     }
 
-    /// Turns context management off: requests are sent as they are, however large.
-    pub fn disable_context_management(mut self) -> Self {
-        self.context.kind = None;
-        self.context.custom = None;
-        self
-    }
-
-    /// Overrides the model's context window (tokens) used for the token budget.
-    pub fn context_window(mut self, tokens: u32) -> Self {
-        self.context.context_window = Some(tokens);
-        self
-    }
-
-    /// Longest tool result the model sees, in characters (default 40,000); longer ones are
-    /// cut with an `[OUTPUT TRUNCATED: ...]` notice.
-    pub fn max_tool_result_chars(mut self, chars: usize) -> Self {
-        self.context.max_tool_result_chars = chars;
-        self
-    }
-
-    /// The model that writes summaries for the `summarize` strategy (default: the agent's
-    /// model), e.g. a cheaper one.
-    pub fn summarizer_model(mut self, model: Arc<dyn Model>) -> Self {
-        self.context.summarizer = Some(model);
-        self
-    }
-
-    /// Longest a compaction (including its summarization call) may take (default 120 s).
-    pub fn compaction_timeout(mut self, timeout: Duration) -> Self {
-        self.context.timeout = timeout;
-        self
-    }
-
-    /// The policy table deciding what follows a failed tool call (default: seed 000's).
-    pub fn policy(mut self, policy: PolicyTable) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// What the model sees of tool results: raw, normalized observation, or both.
-    pub fn observation_mode(mut self, mode: ObservationMode) -> Self {
-        self.observation_mode = mode;
-        self
-    }
-
-    /// The normalizer for tools that do not normalize their own outcomes.
-    pub fn normalizer(mut self, normalizer: Arc<dyn ObservationNormalizer>) -> Self {
-        self.normalizer = normalizer;
-        self
-    }
-
-    /// A critic called after each observation and on the final answer.
-    pub fn critic(mut self, critic: Arc<dyn Critic>) -> Self {
-        self.critic = Some(critic);
-        self
-    }
-
-    /// How many times an unsatisfied final answer goes back to the model (default 2);
-    /// after that the run fails with the critic's gaps.
-    pub fn max_critic_rejections(mut self, rejections: u32) -> Self {
-        self.max_critic_rejections = rejections;
-        self
-    }
-
-    /// Native tool calling (default) or one structured JSON action per turn.
-    pub fn planner_mode(mut self, mode: PlannerMode) -> Self {
-        self.planner_mode = mode;
-        self
-    }
-
-    /// Whether the built-in `ask_user` and `replan` control tools are offered (native
-    /// mode; default true).
-    pub fn control_tools(mut self, enabled: bool) -> Self {
-        self.control_tools = enabled;
-        self
-    }
-
-    /// How many invalid structured actions are re-asked before the run fails (default 2).
-    pub fn max_invalid_actions(mut self, reasks: u32) -> Self {
-        self.max_invalid_actions = reasks;
-        self
-    }
-
-    /// Instructions (the top of the system prompt).
-    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
-        self.instructions = instructions.into();
-        self
-    }
-
-    /// The tools the agent may call.
-    pub fn tools(mut self, tools: ToolRegistry) -> Self {
-        self.tools = tools;
-        self
-    }
-
-    /// The budget of each run.
-    pub fn budget(mut self, budget: Budget) -> Self {
-        self.budget = budget;
-        self
-    }
-
-    /// Tool choice on every request.
-    pub fn tool_choice(mut self, choice: ToolChoice) -> Self {
-        self.tool_choice = choice;
-        self
-    }
-
-    /// Sampling temperature (omitted from requests when unset).
-    pub fn temperature(mut self, temperature: Option<f32>) -> Self {
-        self.temperature = temperature;
-        self
-    }
-
-    /// Maximum output tokens per model call.
-    pub fn max_output_tokens(mut self, tokens: Option<u32>) -> Self {
-        self.max_output_tokens = tokens;
-        self
-    }
-
-    /// Longest silence tolerated between two pieces of a model stream.
-    pub fn stream_idle_timeout(mut self, timeout: Duration) -> Self {
-        self.stream_idle_timeout = timeout;
-        self
-    }
-
-    /// Builds the agent.
-    pub fn build(self) -> Agent {
-        let mut system_prompt = self.instructions.trim().to_string();
-        let mut push_section = |section: &str| {
-            if !system_prompt.is_empty() {
-                system_prompt.push_str("\n\n");
-            }
-            system_prompt.push_str(section.trim_end());
-        };
-        let tool_names: Vec<&str> = self.tools.names().collect();
-        let (tool_definitions, action_schema) = match self.planner_mode {
-            PlannerMode::Native => {
-                if !self.tools.is_empty() {
-                    push_section(&self.tools.render_guidance());
-                }
-                let mut definitions = self.tools.definitions();
-                if self.control_tools {
-                    push_section(planner::CONTROL_TOOLS_GUIDANCE);
-                    definitions.extend(planner::control_tool_definitions());
-                }
-                (definitions, None)
-            }
-            PlannerMode::Structured => {
-                if !self.tools.is_empty() {
-                    push_section(&self.tools.render_guidance());
-                    let schemas: Vec<String> = self
-                        .tools
-                        .specs()
-                        .map(|spec| format!("- {}: args schema {}", spec.name, spec.input_schema))
-                        .collect();
-                    push_section(&format!("Tool argument schemas:\n{}", schemas.join("\n")));
-                }
-                push_section(&planner::structured_prompt(&tool_names));
-                (Vec::new(), Some(planner::action_schema(&tool_names)))
-            }
-        };
-        let context = self.context.build();
-        let caps = self.model.capabilities();
-        let window = context.context_window.unwrap_or(caps.context_window);
-        let (output_reserve, request_max_output) =
-            output_limits(self.max_output_tokens, caps.max_output_tokens, window);
-        let mut tools: Vec<ToolFingerprint> = self.tools.specs().map(ToolFingerprint::of).collect();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        let definition = AgentDefinition {
-            recipe: self.recipe,
-            fingerprint: AgentFingerprint {
-                model: self.model.id(),
-                system_prompt_sha256: sha256_hex(&system_prompt),
-                tools,
-                planner: self.planner_mode,
-                observation: self.observation_mode,
-                critic: self.critic.is_some(),
-                context_strategy: context.strategy.as_ref().map(|s| s.name().to_string()),
-                context_window: context.context_window,
-                max_output_tokens: self.max_output_tokens,
-            },
-        };
-        Agent {
-            name: self.name,
-            executor: ToolExecutor::new(&self.tools)
-                .with_max_parallel_calls(self.max_parallel_tool_calls),
-            tool_definitions,
-            tools: self.tools,
-            model: self.model,
-            system_prompt,
-            budget: self.budget,
-            tool_choice: self.tool_choice,
-            temperature: self.temperature,
-            output_reserve,
-            request_max_output,
-            stream_idle_timeout: self.stream_idle_timeout,
-            policy: self.policy,
-            observation_mode: self.observation_mode,
-            normalizer: self.normalizer,
-            critic: self.critic,
-            max_critic_rejections: self.max_critic_rejections,
-            planner_mode: self.planner_mode,
-            max_invalid_actions: self.max_invalid_actions,
-            action_schema,
-            context,
-            definition,
-            fixed_tokens: crate::compaction::FixedTokens::default(),
-        }
-    }
-}
-
-/// The largest share of the context window reserved for the answer when the output limit
-/// is not set explicitly (a quarter: a model whose default limit is 32k tokens still
-/// works in a 2k window).
-pub const MAX_IMPLICIT_OUTPUT_SHARE: u32 = 4;
-
-/// `(reserved, sent)`: the tokens the context budget reserves for each answer and the
-/// output limit sent with requests. An explicit limit is used as given (a window too
-/// small for it is reported before the first call); otherwise the model's limit, capped
-/// at a quarter of the window — and then sent, so the answer cannot outgrow the
-/// reservation.
-pub(crate) fn output_limits(
-    explicit: Option<u32>,
-    model_limit: u32,
-    window: u32,
-) -> (u32, Option<u32>) {
-    match explicit {
-        Some(tokens) => (tokens, Some(tokens)),
-        None => {
-            let share = (window / MAX_IMPLICIT_OUTPUT_SHARE).max(1);
-            if model_limit > share {
-                (share, Some(share))
-            } else {
-                (model_limit, None)
-            }
-        }
+    async fn resume(
+        &self,
+        thread: &mut Thread,
+        context: &RunContext,
+    ) -> Result<RunOutcome, RunError> {
+        (**self).resume(thread, context).await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::output_limits;
+    use super::*;
+    use keel_core::{EndState, EventKind};
 
-    #[test]
-    fn implicit_output_reservation_is_capped_at_a_quarter_of_the_window() {
-        assert_eq!(output_limits(None, 32_768, 2_000), (500, Some(500)));
-        assert_eq!(output_limits(None, 4_096, 128_000), (4_096, None));
-        assert_eq!(
-            output_limits(Some(1_500), 32_768, 2_000),
-            (1_500, Some(1_500))
-        );
-        assert_eq!(output_limits(None, 32_768, 0), (1, Some(1)));
+    /// An agent that records one user message and ends: the smallest custom agent.
+    struct Echo;
+
+    #[async_trait]
+    impl Agent for Echo {
+        fn name(&self) -> &str {
+            "echo"
+        }
+
+        async fn run(
+            &self,
+            new_messages: Vec<Message>,
+            thread: &mut Thread,
+            context: &RunContext,
+        ) -> Result<RunOutcome, RunError> {
+            let text = new_messages
+                .iter()
+                .map(Message::text)
+                .collect::<Vec<_>>()
+                .join(" ");
+            crate::custom::finish_run(self.name(), new_messages, text, thread, context).await
+        }
+    }
+
+    #[tokio::test]
+    async fn run_stream_yields_every_event_then_the_outcome() {
+        let context = RunContext::default();
+        let mut thread = Thread::new();
+        let agent = Echo;
+        let updates: Vec<AgentUpdate> = agent
+            .run_stream(vec![Message::user("hello")], &mut thread, &context)
+            .collect()
+            .await;
+        let events: Vec<&EventKind> = updates
+            .iter()
+            .filter_map(|u| match u {
+                AgentUpdate::Event(e) => Some(&e.kind),
+                _ => None,
+            })
+            .collect();
+        assert!(matches!(events.first(), Some(EventKind::RunStarted { .. })));
+        assert!(matches!(events.last(), Some(EventKind::RunEnded { .. })));
+        match updates.last() {
+            Some(AgentUpdate::Finished(result)) if result.is_ok() => {
+                let outcome = result.as_ref().as_ref().unwrap();
+                assert_eq!(outcome.final_text.as_deref(), Some("hello"));
+                assert_eq!(
+                    outcome.status,
+                    crate::RunStatus::Ended {
+                        end_state: EndState::Done
+                    }
+                );
+            }
+            other => panic!("last update is not the outcome: {other:?}"),
+        }
+        let stored = context.store.load(thread.id()).await.unwrap();
+        assert_eq!(stored.len(), events.len());
+    }
+
+    #[tokio::test]
+    async fn default_resume_says_there_is_nothing_to_resume() {
+        let mut thread = Thread::new();
+        let err = Echo
+            .resume(&mut thread, &RunContext::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RunError::NothingToResume(_)));
     }
 }

@@ -20,11 +20,11 @@ use keel_core::context::{
 use keel_core::{EventKind, Message, Model, ModelRequest, Role};
 use serde_json::json;
 
-use crate::agent::Agent;
 use crate::journal::Journal;
 use crate::outcome::RunError;
+use crate::tool_agent::ToolAgent;
 
-/// Context settings as given to the [`crate::AgentBuilder`].
+/// Context settings as given to the [`crate::ToolAgentBuilder`].
 #[derive(Clone)]
 pub struct ContextSettings {
     /// The built-in strategy to use (default `truncate`).
@@ -65,7 +65,7 @@ impl std::fmt::Debug for ContextSettings {
     }
 }
 
-/// The resolved configuration an [`Agent`] runs with.
+/// The resolved configuration an [`ToolAgent`] runs with.
 #[derive(Debug, Clone)]
 pub struct ContextConfig {
     /// The strategy (`None`: context management disabled).
@@ -108,7 +108,7 @@ pub(crate) enum Prepared {
 /// The budget of a request with this system prompt and the agent's tools, corrected by
 /// the last provider-reported usage of the run.
 pub(crate) fn request_budget(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &Journal<'_>,
     request: &ModelRequest<'_>,
 ) -> TokenBudget {
@@ -131,7 +131,7 @@ pub(crate) fn request_budget(
 /// From how many tokens on a request's estimate must be exact (see
 /// [`Model::estimate_tokens_near`]): a tenth of the request limit, the lowest threshold a
 /// compaction strategy accepts (the summarizer's is clamped to 0.1..=1 of its limit).
-pub(crate) fn precise_from(agent: &Agent) -> u64 {
+pub(crate) fn precise_from(agent: &ToolAgent) -> u64 {
     let window = agent
         .context
         .context_window
@@ -161,7 +161,7 @@ fn last_correction(journal: &Journal<'_>) -> Option<f64> {
 /// would be sent now, `budget` its budget; `force` compacts even if it looks like it fits (the provider said it does
 /// not).
 pub(crate) async fn prepare(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     budget: TokenBudget,
     full: u64,

@@ -21,6 +21,7 @@ pub trait RunObserver: Send + Sync {
 
 /// What an observer channel carries.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum RunUpdate {
     /// An appended event.
     Event(Arc<Event>),
@@ -29,6 +30,30 @@ pub enum RunUpdate {
 }
 
 /// An observer that forwards everything to an unbounded channel (nothing is dropped).
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_core::{EventKind, Message};
+/// use keel_runtime::context::RunUpdate;
+/// use keel_runtime::{ChannelObserver, RunContext, Thread, ToolAgent};
+/// use keel_testkit::{ScriptStep, ScriptedModel};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), keel_runtime::RunError> {
+/// let (observer, mut updates) = ChannelObserver::new();
+/// let context = RunContext::default().with_observer(Arc::new(observer));
+/// let agent = ToolAgent::builder("a", Arc::new(ScriptedModel::new(vec![ScriptStep::text("hi")]))).build();
+/// agent.run(vec![Message::user("hello")], &mut Thread::new(), &context).await?;
+/// let mut kinds = Vec::new();
+/// while let Ok(update) = updates.try_recv() {
+///     if let RunUpdate::Event(event) = update {
+///         kinds.push(event.kind.clone());
+///     }
+/// }
+/// assert!(matches!(kinds.first(), Some(EventKind::RunStarted { .. })));
+/// assert!(matches!(kinds.last(), Some(EventKind::RunEnded { .. })));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ChannelObserver {
     sender: mpsc::UnboundedSender<RunUpdate>,
@@ -138,6 +163,18 @@ impl UserInputSource for NoUserInput {
 }
 
 /// Everything a run needs from its surroundings.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_runtime::{RunApprovalMode, RunContext};
+///
+/// let context = RunContext::new(Arc::new(keel_core::MemoryStore::new()))
+///     .with_approval_mode(RunApprovalMode::Auto)
+///     .with_tool_approval_mode("delete_release", RunApprovalMode::Ask);
+/// assert!(context.requires_approval("delete_release", false));
+/// assert!(!context.requires_approval("calculator", false));
+/// assert!(context.requires_approval("deploy", true)); // declared `approval: always`
+/// ```
 #[derive(Clone)]
 pub struct RunContext {
     /// Where events are persisted before they are acted on.
@@ -154,6 +191,20 @@ pub struct RunContext {
     pub user_input: Arc<dyn UserInputSource>,
     /// Cancels the run (Ctrl-C).
     pub cancel: CancellationToken,
+    /// Where the runs started with this context nest in a trace: set when another run
+    /// starts them (an agent called as a tool, a handoff, a workflow step).
+    pub parent: Option<SpanParent>,
+}
+
+/// The span a run nests under: its runs join `trace_id` and record `span_id` as their
+/// parent (`RunStarted.parent_span_id`), so traces show them as children of the call,
+/// handoff or step that started them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanParent {
+    /// The W3C trace id (32 hex digits) the run joins.
+    pub trace_id: String,
+    /// The parent span's id (16 hex digits).
+    pub span_id: String,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -163,6 +214,7 @@ impl std::fmt::Debug for RunContext {
             .field("approval_mode", &self.approval_mode)
             .field("tool_approval_modes", &self.tool_approval_modes)
             .field("cancelled", &self.cancel.is_cancelled())
+            .field("parent", &self.parent)
             .finish_non_exhaustive()
     }
 }
@@ -185,7 +237,22 @@ impl RunContext {
             tool_approval_modes: BTreeMap::new(),
             user_input: Arc::new(NoUserInput),
             cancel: CancellationToken::new(),
+            parent: None,
         }
+    }
+
+    /// Nests the runs started with this context under `span_id` of trace `trace_id` (see
+    /// [`SpanParent`]).
+    pub fn with_parent_span(
+        mut self,
+        trace_id: impl Into<String>,
+        span_id: impl Into<String>,
+    ) -> Self {
+        self.parent = Some(SpanParent {
+            trace_id: trace_id.into(),
+            span_id: span_id.into(),
+        });
+        self
     }
 
     /// Adds an observer.

@@ -39,6 +39,32 @@ pub struct CallEnv<'a> {
     pub run_id: &'a str,
     /// The run's cancellation token; each call gets a child of it.
     pub cancel: &'a CancellationToken,
+    /// What the calling run lends its tools (trace, call spans, run context); `None`
+    /// lends nothing.
+    pub extras: Option<&'a CallExtras>,
+}
+
+/// What a run lends the tools it calls, through [`ToolContext`]: its trace id, each call's
+/// span id, and a shared value tools may downcast (keel-runtime lends the run's
+/// [`crate::RunContext`], which an agent offered as a tool runs with).
+#[derive(Clone, Default)]
+pub struct CallExtras {
+    /// The run's W3C trace id.
+    pub trace_id: String,
+    /// Call id → the span id of the call's events.
+    pub spans: HashMap<String, String>,
+    /// Lent as [`ToolContext::runtime`].
+    pub runtime: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for CallExtras {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallExtras")
+            .field("trace_id", &self.trace_id)
+            .field("spans", &self.spans)
+            .field("runtime", &self.runtime.is_some())
+            .finish()
+    }
 }
 
 /// One retry the executor made.
@@ -290,6 +316,13 @@ impl ToolExecutor {
             call_token.clone(),
         );
         ctx.credentials = Arc::clone(&self.credentials);
+        if let Some(extras) = env.extras {
+            ctx.trace_id.clone_from(&extras.trace_id);
+            if let Some(span) = extras.spans.get(&call.id) {
+                ctx.span_id.clone_from(span);
+            }
+            ctx.runtime.clone_from(&extras.runtime);
+        }
         let work = AssertUnwindSafe(compiled.tool.call(args, &ctx)).catch_unwind();
         let mut work = std::pin::pin!(tokio::time::timeout(spec.timeout(), work));
         let result = tokio::select! {

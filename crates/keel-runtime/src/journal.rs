@@ -29,21 +29,30 @@ pub(crate) struct Journal<'a> {
     run_id: String,
     trace_id: String,
     run_span: String,
+    /// The span a new run nests under; stamped on its `RunStarted`.
+    parent_span: Option<String>,
     /// How many of the run's latest events are staged: stamped, folded and kept with the
     /// run's events, not yet in the store (see [`Journal::stage`]).
     staged: usize,
 }
 
 impl<'a> Journal<'a> {
-    /// A journal for a new run.
+    /// A journal for a new run: in a new trace, or — when the context names a parent span
+    /// ([`RunContext::parent`]) — in the parent's trace, its `RunStarted` recording the
+    /// parent span.
     pub(crate) fn start(thread: &'a mut Thread, ctx: &'a RunContext, run_id: String) -> Self {
         thread.run_events_mut().clear();
+        let (trace_id, parent_span) = match &ctx.parent {
+            Some(parent) => (parent.trace_id.clone(), Some(parent.span_id.clone())),
+            None => (new_trace_id(), None),
+        };
         Self {
             thread,
             ctx,
             run_id,
-            trace_id: new_trace_id(),
+            trace_id,
             run_span: new_span_id(),
+            parent_span,
             staged: 0,
         }
     }
@@ -62,6 +71,7 @@ impl<'a> Journal<'a> {
             run_id,
             trace_id,
             run_span,
+            parent_span: None,
             staged: 0,
         }
     }
@@ -84,6 +94,11 @@ impl<'a> Journal<'a> {
 
     pub(crate) fn run_span(&self) -> &str {
         &self.run_span
+    }
+
+    /// The run's trace id.
+    pub(crate) fn trace_id(&self) -> &str {
+        &self.trace_id
     }
 
     pub(crate) fn run_events(&self) -> &[Event] {
@@ -178,15 +193,22 @@ impl<'a> Journal<'a> {
         items
             .into_iter()
             .enumerate()
-            .map(|(offset, (kind, span_id))| Event {
-                v: EVENT_SCHEMA_VERSION,
-                seq: first_seq.saturating_add(offset as u64),
-                ts,
-                thread_id: self.thread.id().to_string(),
-                run_id: self.run_id.clone(),
-                trace_id: self.trace_id.clone(),
-                span_id,
-                kind,
+            .map(|(offset, (mut kind, span_id))| {
+                if let EventKind::RunStarted { parent_span_id, .. } = &mut kind
+                    && parent_span_id.is_none()
+                {
+                    parent_span_id.clone_from(&self.parent_span);
+                }
+                Event {
+                    v: EVENT_SCHEMA_VERSION,
+                    seq: first_seq.saturating_add(offset as u64),
+                    ts,
+                    thread_id: self.thread.id().to_string(),
+                    run_id: self.run_id.clone(),
+                    trace_id: self.trace_id.clone(),
+                    span_id,
+                    kind,
+                }
             })
             .collect()
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Why a run could not be driven. Model and tool failures are NOT errors: they end the
 /// run with an end state, or are fed back to the model. These are infrastructure problems.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     /// The event store failed (or another process appended to the thread first).
     #[error("event store: {0}")]
@@ -36,6 +37,20 @@ pub enum RunError {
         thread_id: String,
         /// Every incompatibility found.
         problems: Vec<String>,
+    },
+    /// The thread's conversation lives where this agent cannot continue it: a local agent
+    /// on a thread held by a provider's service, or a provider-backed agent on a thread
+    /// with local history (see [`crate::thread::ThreadHome`]). Nothing was appended.
+    #[error("thread {thread_id} lives {home}, where agent `{agent}` cannot continue it: {hint}")]
+    IncompatibleThread {
+        /// Thread.
+        thread_id: String,
+        /// Where its conversation lives.
+        home: crate::thread::ThreadHome,
+        /// The agent refused.
+        agent: String,
+        /// What to do instead.
+        hint: String,
     },
 }
 
@@ -109,7 +124,7 @@ pub struct RunOutcome {
     pub alert: bool,
     /// The open question, when the run ended `clarify_needed`.
     pub clarification: Option<Clarification>,
-    /// Whether [`crate::Agent::resume`] (`keel resume THREAD`) can continue the run: it
+    /// Whether [`crate::ToolAgent::resume`] (`keel resume THREAD`) can continue the run: it
     /// ended `failed` because a model call failed on a retryable error (rate limit,
     /// overload, 5xx, network, timeout, interrupted stream) after its retries.
     #[serde(default)]
@@ -118,7 +133,7 @@ pub struct RunOutcome {
 
 /// The model failure that ended a run `failed` when waiting and trying again can help:
 /// the run's last model call failed with a retryable error, no policy stopped the run, and
-/// it ended `failed`. Such a run is continued by [`crate::Agent::resume`].
+/// it ended `failed`. Such a run is continued by [`crate::ToolAgent::resume`].
 pub fn retryable_failure(run_events: &[Event]) -> Option<&ModelFailure> {
     let mut failure = None;
     let mut ended_failed = false;

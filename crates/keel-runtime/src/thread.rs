@@ -4,10 +4,10 @@
 //! Human input that arrives out of band — an approval decided with `keel approve`, a
 //! reply to a question — is recorded here ([`Thread::approve`], [`Thread::deny`],
 //! [`Thread::answer_user`]) through the journal, like every other event; the caller then
-//! continues the run with [`crate::Agent::resume`].
+//! continues the run with [`crate::ToolAgent::resume`].
 
 use keel_core::planner::ASK_USER;
-use keel_core::{Event, EventKind, EventStore, RunState, StoreError, new_id};
+use keel_core::{Event, EventKind, EventStore, Message, Part, RunState, StoreError, new_id};
 
 use crate::context::RunContext;
 use crate::journal::Journal;
@@ -19,6 +19,31 @@ use crate::runner::{ok_outcome, tool_finished};
 ///
 /// Besides the folded state it keeps the events of its latest run, so continuing that run
 /// (resume, approve, deny, reply) needs no second read of the log.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keel_core::Message;
+/// use keel_runtime::{RunContext, Thread, ToolAgent};
+/// use keel_testkit::{ScriptStep, ScriptedModel};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let model = Arc::new(ScriptedModel::new(vec![
+///     ScriptStep::text("Hello, Ada."),
+///     ScriptStep::text("Your name is Ada."),
+/// ]));
+/// let agent = ToolAgent::builder("assistant", model.clone()).build();
+/// let context = RunContext::default();
+/// let mut thread = Thread::new();
+/// agent.run(vec![Message::user("I am Ada.")], &mut thread, &context).await?;
+///
+/// // Later — another process, after a restart — the thread is rebuilt from the store.
+/// let mut thread = Thread::load(context.store.as_ref(), thread.id()).await?;
+/// agent.run(vec![Message::user("What is my name?")], &mut thread, &context).await?;
+/// // The second request carried the whole conversation.
+/// assert_eq!(model.requests()[1].messages.len(), 3);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     state: RunState,
@@ -30,6 +55,7 @@ pub struct Thread {
 
 /// Why a human decision or answer could not be recorded on a thread.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HumanInputError {
     /// Appending failed (a `Conflict` means another process is driving the thread).
     #[error(transparent)]
@@ -161,7 +187,7 @@ impl Thread {
     }
 
     /// Records a human's approval of `call_id` (which must be awaiting approval in the
-    /// run in progress). Continue the run with [`crate::Agent::resume`].
+    /// run in progress). Continue the run with [`crate::ToolAgent::resume`].
     pub async fn approve(
         &mut self,
         ctx: &RunContext,
@@ -200,7 +226,7 @@ impl Thread {
 
     /// Records the user's answer to the question the run in progress is waiting on (an
     /// unanswered `ask_user` call, or a pending question). Continue the run with
-    /// [`crate::Agent::resume`]. When no run waits (e.g. it ended `clarify_needed`), start
+    /// [`crate::ToolAgent::resume`]. When no run waits (e.g. it ended `clarify_needed`), start
     /// a new run with the answer as its user message instead.
     pub async fn answer_user(
         &mut self,
@@ -287,5 +313,161 @@ impl Thread {
         let mut journal = Journal::resume(self, ctx);
         journal.append(kind).await?;
         Ok(())
+    }
+}
+
+/// The `provider` of the message part that records where a thread's conversation lives
+/// ([`ThreadHome::marker`]). No model adapter sends it: each echoes only its own items.
+pub const THREAD_HOME_ITEM: &str = "keel.thread_home";
+
+/// Where a thread's conversation lives (seed 003's thread–agent compatibility).
+///
+/// A thread is [`Local`](ThreadHome::Local) until an agent backed by a provider's service
+/// answers in it; that agent adds a [`marker`](ThreadHome::marker) to each answer naming
+/// the provider and the stored conversation (e.g. the OpenAI Responses id to continue
+/// from). From then on the thread is [`Provider`](ThreadHome::Provider)-homed: the log
+/// still holds a copy of every message, but the conversation the model sees is the
+/// provider's, so only an agent of that provider can continue it — a local agent is
+/// refused with [`RunError::IncompatibleThread`] before anything is appended, and so is a
+/// provider-backed agent on a thread where a local agent has answered. A fork of a
+/// provider-homed thread continues from the last response before the fork point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ThreadHome {
+    /// The conversation is the thread's own log.
+    Local,
+    /// The conversation is stored by a provider.
+    Provider {
+        /// The provider (`openai-responses`).
+        provider: String,
+        /// The provider's handle on the conversation (the last response id).
+        conversation: String,
+    },
+}
+
+impl ThreadHome {
+    /// The message part a provider-backed agent adds to each answer it records, saying
+    /// the thread now lives on `provider` as `conversation`.
+    pub fn marker(provider: &str, conversation: &str) -> Part {
+        Part::ProviderItem {
+            provider: THREAD_HOME_ITEM.to_string(),
+            item: serde_json::json!({ "provider": provider, "conversation": conversation }),
+        }
+    }
+
+    /// The home a [`marker`](ThreadHome::marker) part records, if `part` is one.
+    pub fn from_part(part: &Part) -> Option<Self> {
+        let Part::ProviderItem { provider, item } = part else {
+            return None;
+        };
+        if provider != THREAD_HOME_ITEM {
+            return None;
+        }
+        let field = |name: &str| item.get(name).and_then(serde_json::Value::as_str);
+        Some(Self::Provider {
+            provider: field("provider")?.to_string(),
+            conversation: field("conversation")?.to_string(),
+        })
+    }
+
+    /// Where a conversation lives: its last [`marker`](ThreadHome::marker), else
+    /// [`ThreadHome::Local`].
+    pub fn of(messages: &[Message]) -> Self {
+        messages
+            .iter()
+            .rev()
+            .flat_map(|message| message.parts.iter().rev())
+            .find_map(Self::from_part)
+            .unwrap_or(Self::Local)
+    }
+
+    /// The messages of a conversation after its last [`marker`](ThreadHome::marker): what
+    /// the provider has not seen yet (all of them when there is none).
+    pub fn unsent(messages: &[Message]) -> &[Message] {
+        let after = messages
+            .iter()
+            .rposition(|m| m.parts.iter().any(|p| Self::from_part(p).is_some()))
+            .map_or(0, |i| i.saturating_add(1));
+        messages.get(after..).unwrap_or_default()
+    }
+
+    /// The provider, for a provider-homed thread.
+    pub fn provider(&self) -> Option<&str> {
+        match self {
+            Self::Local => None,
+            Self::Provider { provider, .. } => Some(provider),
+        }
+    }
+}
+
+impl std::fmt::Display for ThreadHome {
+    /// `in its local log`, or `on openai-responses (response resp_…)` — as in "thread
+    /// thr_… lives …".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local => f.write_str("in its local log"),
+            Self::Provider {
+                provider,
+                conversation,
+            } => write!(f, "on {provider} (response {conversation})"),
+        }
+    }
+}
+
+impl Thread {
+    /// Where the conversation lives: the last [`ThreadHome::marker`] of the conversation,
+    /// else [`ThreadHome::Local`].
+    pub fn home(&self) -> ThreadHome {
+        ThreadHome::of(self.state.messages())
+    }
+
+    /// Checks that agent `agent`, which keeps its threads' conversations on
+    /// `agent_home` (`None`: in the thread's log, as [`crate::ToolAgent`] does), may run on
+    /// this thread. A local agent cannot continue a provider-homed thread; a
+    /// provider-backed agent cannot take over a thread in which any other agent answered
+    /// (a thread holding only user messages — say, after its first run failed before the
+    /// provider answered — is taken over: those messages are sent with the next request).
+    pub fn check_home(&self, agent: &str, agent_home: Option<&str>) -> Result<(), RunError> {
+        let home = self.home();
+        let refuse = |hint: String| RunError::IncompatibleThread {
+            thread_id: self.id().to_string(),
+            home: home.clone(),
+            agent: agent.to_string(),
+            hint,
+        };
+        match (&home, agent_home) {
+            (ThreadHome::Local, None) => Ok(()),
+            (ThreadHome::Provider { provider, .. }, None) => {
+                let last = self
+                    .state
+                    .run()
+                    .map(|run| format!(" (such as `{}`, which ran it last)", run.agent))
+                    .unwrap_or_default();
+                Err(refuse(format!(
+                    "continue it with an agent backed by {provider}{last}, or start a new thread"
+                )))
+            }
+            (ThreadHome::Provider { provider, .. }, Some(wanted)) if provider == wanted => Ok(()),
+            (ThreadHome::Provider { provider, .. }, Some(wanted)) => Err(refuse(format!(
+                "this agent keeps its conversations on {wanted}; continue it with an agent \
+                 backed by {provider}, or start a new thread"
+            ))),
+            (ThreadHome::Local, Some(wanted)) => {
+                let answered = self
+                    .state
+                    .messages()
+                    .iter()
+                    .any(|m| m.role != keel_core::Role::User);
+                if answered {
+                    Err(refuse(format!(
+                        "its history was written by a local agent, and this agent keeps its \
+                         conversations on {wanted} (it does not replay local history); continue \
+                         it with a local agent, or start a new thread"
+                    )))
+                } else {
+                    Ok(())
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! survival figure of its release gate (§10: ≥ 95%).
 //!
 //! A seeded generator combines mutations into cases, each a script run through a real
-//! `Agent` with real tools:
+//! `ToolAgent` with real tools:
 //! - prompt fuzz: dropped required arguments, invalid JSON, truncated JSON, non-object
 //!   arguments, huge values;
 //! - tool fuzz: wrong enums and types, extra unknown fields; and tools that answer with a
@@ -39,7 +39,7 @@ use keel_core::{
     DynTool, Effect, EndState, EventKind, EventStore, MemoryStore, Message, Part, RetryPolicy,
     Role, ToolContext, ToolError, ToolErrorCode, ToolRegistry, ToolResultKind, ToolSpec, TypedTool,
 };
-use keel_runtime::{Agent, RunContext, RunOutcome, Thread};
+use keel_runtime::{RunContext, RunOutcome, Thread, ToolAgent};
 use keel_testkit::scripted::ScriptToolCall;
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::{Value, json};
@@ -675,7 +675,7 @@ fn generate_case(index: usize, rng: &mut fastrand::Rng) -> Case {
 
 // --- running and judging --------------------------------------------------------------
 
-fn agent(model: Arc<ScriptedModel>, oracle: &Arc<Oracle>, answer: Answer) -> Agent {
+fn agent(model: Arc<ScriptedModel>, oracle: &Arc<Oracle>, answer: Answer) -> ToolAgent {
     let mut tools = ToolRegistry::new();
     tools
         .register(Arc::new(SearchOrders::new(oracle.clone(), answer)))
@@ -689,7 +689,7 @@ fn agent(model: Arc<ScriptedModel>, oracle: &Arc<Oracle>, answer: Answer) -> Age
             oracle: oracle.clone(),
         }))
         .unwrap();
-    Agent::builder("adversarial", model)
+    ToolAgent::builder("adversarial", model)
         .instructions("Answer questions about orders.")
         .tools(tools)
         .build()

@@ -1,4 +1,4 @@
-//! Library-level tests of `Agent::run`: durability before action, observers, threads
+//! Library-level tests of `ToolAgent::run`: durability before action, observers, threads
 //! continued across runs, cancellation, and registration rules.
 #![allow(
     clippy::unwrap_used,
@@ -15,7 +15,7 @@ use keel_core::{
     CancellationToken, DynTool, EndState, Event, EventKind, EventStore, MemoryStore, Message,
     ToolContext, ToolError, ToolRegistry, ToolSpec,
 };
-use keel_runtime::{Agent, RunContext, RunObserver, Thread};
+use keel_runtime::{RunContext, RunObserver, Thread, ToolAgent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::json;
 
@@ -28,10 +28,10 @@ impl RunObserver for Recorder {
     }
 }
 
-fn calculator_agent(model: Arc<ScriptedModel>) -> Agent {
+fn calculator_agent(model: Arc<ScriptedModel>) -> ToolAgent {
     let mut tools = ToolRegistry::new();
     tools.register_typed(keel_tools::Calculator).unwrap();
-    Agent::builder("test", model)
+    ToolAgent::builder("test", model)
         .instructions("Be exact.")
         .tools(tools)
         .build()

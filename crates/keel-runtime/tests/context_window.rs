@@ -19,7 +19,7 @@ use keel_core::{
     Budget, EndState, Event, EventKind, EventStore, MemoryStore, Message, ModelCapabilities,
     ModelErrorKind, ModelRequest, Part, Role, ToolRegistry,
 };
-use keel_runtime::{Agent, RunContext, Thread};
+use keel_runtime::{RunContext, Thread, ToolAgent};
 use keel_testkit::scripted::{ScriptError, ScriptToolCall};
 use keel_testkit::{RecordedRequest, ScriptStep, ScriptedModel};
 use serde_json::json;
@@ -34,8 +34,8 @@ fn tools() -> ToolRegistry {
     tools
 }
 
-fn builder(model: Arc<ScriptedModel>) -> keel_runtime::AgentBuilder {
-    Agent::builder("context", model)
+fn builder(model: Arc<ScriptedModel>) -> keel_runtime::ToolAgentBuilder {
+    ToolAgent::builder("context", model)
         .instructions("Follow the drill exactly.")
         .tools(tools())
         .budget(Budget::unlimited().with_max_turns(400))
@@ -78,7 +78,7 @@ fn drill(turns: usize) -> Vec<ScriptStep> {
     steps
 }
 
-async fn run(agent: &Agent, text: &str) -> (keel_runtime::RunOutcome, Vec<Event>) {
+async fn run(agent: &ToolAgent, text: &str) -> (keel_runtime::RunOutcome, Vec<Event>) {
     let store = Arc::new(MemoryStore::new());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
@@ -90,7 +90,7 @@ async fn run(agent: &Agent, text: &str) -> (keel_runtime::RunOutcome, Vec<Event>
     (outcome, events)
 }
 
-fn request_tokens(agent: &Agent, request: &RecordedRequest) -> u64 {
+fn request_tokens(agent: &ToolAgent, request: &RecordedRequest) -> u64 {
     let mut model_request = ModelRequest::new(&request.messages);
     model_request.system = request.system.as_deref();
     model_request.tools = agent.tool_definitions();
@@ -99,7 +99,7 @@ fn request_tokens(agent: &Agent, request: &RecordedRequest) -> u64 {
 
 /// The invariants every strategy must keep over a long run.
 fn check_long_run(
-    agent: &Agent,
+    agent: &ToolAgent,
     model: &ScriptedModel,
     events: &[Event],
     window: u32,
@@ -198,7 +198,7 @@ fn check_long_run(
 async fn long_run(
     kind: StrategyKind,
     summarizer: Option<Arc<ScriptedModel>>,
-) -> (Agent, Arc<ScriptedModel>, Vec<Event>, u32) {
+) -> (ToolAgent, Arc<ScriptedModel>, Vec<Event>, u32) {
     let window = window_for(1_500);
     let model = Arc::new(ScriptedModel::new(drill(200)).with_capabilities(caps(window)));
     let mut builder = builder(model.clone())

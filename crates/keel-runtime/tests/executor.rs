@@ -99,6 +99,7 @@ async fn run(
                 thread_id: "thr",
                 run_id: "run",
                 cancel: &cancel,
+                extras: None,
             },
         )
         .await
@@ -398,6 +399,7 @@ async fn three_read_only_tools_run_concurrently_and_results_keep_call_order() {
                 thread_id: "t",
                 run_id: "r",
                 cancel: &cancel,
+                extras: None,
             },
         )
         .collect()
@@ -448,6 +450,7 @@ async fn mutating_tools_never_overlap() {
                 thread_id: "t",
                 run_id: "r",
                 cancel: &cancel,
+                extras: None,
             },
         )
         .collect()
@@ -565,6 +568,7 @@ async fn raw_arguments_and_error_details_of_any_tool_are_capped() {
                 thread_id: "t",
                 run_id: "r",
                 cancel: &cancel,
+                extras: None,
             },
         )
         .await;
@@ -606,6 +610,7 @@ async fn at_most_the_configured_number_of_calls_of_a_turn_run_at_once() {
                 thread_id: "t",
                 run_id: "r",
                 cancel: &cancel,
+                extras: None,
             },
         )
         .collect()

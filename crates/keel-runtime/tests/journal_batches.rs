@@ -21,7 +21,7 @@ use keel_core::{
     AppendDurability, DynTool, Effect, EndState, Event, EventKind, EventStore, MemoryStore,
     Message, StoreError, ToolContext, ToolError, ToolRegistry, ToolSpec,
 };
-use keel_runtime::{Agent, RunContext, RunError, Thread};
+use keel_runtime::{RunContext, RunError, Thread, ToolAgent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::{Value, json};
 
@@ -128,7 +128,7 @@ fn probe_agent(
     thread_id: &str,
     effect: Effect,
     model: Arc<ScriptedModel>,
-) -> (Agent, Arc<AtomicBool>, Arc<AtomicUsize>) {
+) -> (ToolAgent, Arc<AtomicBool>, Arc<AtomicUsize>) {
     let seen = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicUsize::new(0));
     let probe = Probe {
@@ -146,7 +146,7 @@ fn probe_agent(
     let mut tools = ToolRegistry::new();
     tools.register(Arc::new(probe)).unwrap();
     (
-        Agent::builder("test", model).tools(tools).build(),
+        ToolAgent::builder("test", model).tools(tools).build(),
         seen,
         calls,
     )

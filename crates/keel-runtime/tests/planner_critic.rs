@@ -13,7 +13,7 @@ use keel_core::planner::PlannerMode;
 use keel_core::{
     Budget, EndState, EventKind, EventStore, MemoryStore, Message, RuleCritic, ToolRegistry,
 };
-use keel_runtime::{Agent, RunContext, Thread};
+use keel_runtime::{RunContext, Thread, ToolAgent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::json;
 
@@ -32,7 +32,7 @@ async fn structured_planner_reasks_once_on_invalid_output_then_succeeds() {
         ),
         ScriptStep::text("```json\n{\"action\": \"stop\", \"reason\": \"6*7 = 42\"}\n```"),
     ]));
-    let agent = Agent::builder("planner", model.clone())
+    let agent = ToolAgent::builder("planner", model.clone())
         .tools(calculator())
         .planner_mode(PlannerMode::Structured)
         .build();
@@ -93,7 +93,7 @@ async fn structured_planner_gives_up_after_bounded_reasks() {
         ScriptStep::text("still no"),
         ScriptStep::text("nope"),
     ]));
-    let agent = Agent::builder("planner", model)
+    let agent = ToolAgent::builder("planner", model)
         .tools(calculator())
         .planner_mode(PlannerMode::Structured)
         .build();
@@ -122,7 +122,7 @@ async fn a_rule_critic_sends_an_unsupported_answer_back_with_its_gaps() {
         ScriptStep::text("Checked with the calculator: 42."),
     ]));
     let critic = RuleCritic::new().require_successful_call("calculator", &["expression"]);
-    let agent = Agent::builder("checked", model.clone())
+    let agent = ToolAgent::builder("checked", model.clone())
         .tools(calculator())
         .critic(Arc::new(critic))
         .build();
@@ -169,7 +169,7 @@ async fn a_critic_that_is_never_satisfied_fails_the_run_after_the_limit() {
     ]));
     let critic =
         RuleCritic::new().require_in_answer("calculator", "mention that you used the calculator");
-    let agent = Agent::builder("strict", model.clone())
+    let agent = ToolAgent::builder("strict", model.clone())
         .critic(Arc::new(critic))
         .max_critic_rejections(2)
         .budget(Budget::unlimited().with_max_turns(10))
@@ -200,7 +200,9 @@ async fn replan_is_recorded_and_answered() {
         ScriptStep::tool_call("replan", json!({"subgoals": ["compute", "report"]})),
         ScriptStep::text("done"),
     ]));
-    let agent = Agent::builder("planner", model).tools(calculator()).build();
+    let agent = ToolAgent::builder("planner", model)
+        .tools(calculator())
+        .build();
     let mut thread = Thread::new();
     let outcome = agent
         .run(
@@ -220,7 +222,7 @@ async fn replan_is_recorded_and_answered() {
 #[test]
 fn the_tools_section_of_the_system_prompt_is_stable() {
     let model = Arc::new(ScriptedModel::new(vec![]));
-    let agent = Agent::builder("snapshot", model)
+    let agent = ToolAgent::builder("snapshot", model)
         .instructions("You are a careful assistant.")
         .tools(keel_tools::builtin_registry().unwrap())
         .build();

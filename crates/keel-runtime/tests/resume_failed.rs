@@ -1,6 +1,6 @@
 //! Issue 14, defect 17: a run that ended `failed` because a model call failed on a
 //! retryable error (after the provider's own retries) says it is resumable, and
-//! `Agent::resume` continues the conversation to `done` in a new run that names the one it
+//! `ToolAgent::resume` continues the conversation to `done` in a new run that names the one it
 //! continues; a run that failed on an error waiting cannot fix is not resumable.
 #![allow(
     clippy::unwrap_used,
@@ -16,7 +16,7 @@ use keel_core::{
     EndState, EventKind, EventStore, MemoryStore, Message, ModelErrorKind, ToolRegistry,
 };
 use keel_runtime::runner::RUN_CONTINUED_NOTICE;
-use keel_runtime::{Agent, RunContext, RunError, RunStatus, Thread};
+use keel_runtime::{RunContext, RunError, RunStatus, Thread, ToolAgent};
 use keel_testkit::scripted::ScriptError;
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::json;
@@ -33,11 +33,11 @@ fn failing(kind: ModelErrorKind) -> ScriptStep {
     }
 }
 
-fn agent(steps: Vec<ScriptStep>) -> (Agent, Arc<ScriptedModel>) {
+fn agent(steps: Vec<ScriptStep>) -> (ToolAgent, Arc<ScriptedModel>) {
     let model = Arc::new(ScriptedModel::new(steps));
     let mut tools = ToolRegistry::new();
     tools.register_typed(keel_tools::Calculator).unwrap();
-    let agent = Agent::builder("resumer", model.clone())
+    let agent = ToolAgent::builder("resumer", model.clone())
         .instructions("Compute, then answer.")
         .tools(tools)
         .build();

@@ -1,4 +1,4 @@
-//! `Agent::resume` after a crash in the middle of a tool call: the interrupted read-only
+//! `ToolAgent::resume` after a crash in the middle of a tool call: the interrupted read-only
 //! call runs again, the interrupted mutating call does NOT (it gets an outcome saying it
 //! may or may not have run, with its idempotency key), and the log stays consistent.
 //! Also: approvals recorded out of band through `Thread::approve`.
@@ -19,7 +19,7 @@ use keel_core::{
     DynTool, Effect, EndState, EventKind, EventStore, MemoryStore, Message, ToolContext, ToolError,
     ToolErrorCode, ToolRegistry, ToolResultKind, ToolSpec,
 };
-use keel_runtime::{Agent, RunContext, RunStatus, Thread};
+use keel_runtime::{RunContext, RunStatus, Thread, ToolAgent};
 use keel_testkit::{ScriptStep, ScriptedModel};
 use serde_json::{Value, json};
 
@@ -77,14 +77,17 @@ fn steps(tool: &str) -> Vec<ScriptStep> {
     ]
 }
 
-fn agent(model: Arc<ScriptedModel>, block: bool) -> (Agent, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+fn agent(
+    model: Arc<ScriptedModel>,
+    block: bool,
+) -> (ToolAgent, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (reader, reads) = Counting::new("reader", Effect::ReadOnly, block);
     let (writer, writes) = Counting::new("writer", Effect::Mutating, block);
     let mut tools = ToolRegistry::new();
     tools.register(reader).unwrap();
     tools.register(writer).unwrap();
     (
-        Agent::builder("test", model).tools(tools).build(),
+        ToolAgent::builder("test", model).tools(tools).build(),
         reads,
         writes,
     )
@@ -268,7 +271,9 @@ async fn resuming_with_an_agent_missing_a_tool_of_the_run_fails_before_any_model
     let (reader, _) = Counting::new("reader", Effect::ReadOnly, false);
     let mut tools = ToolRegistry::new();
     tools.register(reader).unwrap();
-    let without_writer = Agent::builder("test", model.clone()).tools(tools).build();
+    let without_writer = ToolAgent::builder("test", model.clone())
+        .tools(tools)
+        .build();
     let error = without_writer.resume(&mut thread, &ctx).await.unwrap_err();
     let message = error.to_string();
     assert!(
@@ -295,7 +300,7 @@ async fn resuming_with_a_compatible_but_different_agent_records_a_notice() {
     let mut tools = ToolRegistry::new();
     tools.register(reader).unwrap();
     tools.register(writer).unwrap();
-    let changed = Agent::builder("test", model)
+    let changed = ToolAgent::builder("test", model)
         .instructions("Other instructions.")
         .tools(tools)
         .build();

@@ -1,7 +1,9 @@
 //! The pure fold that turns a run's events into OpenTelemetry GenAI spans with explicit
 //! start and end times: `invoke_agent {agent}` per run, `chat {model}` per model call,
-//! `execute_tool {tool}` per tool call, and `retry`, `compact` and `critique` spans, all
-//! children of the run span (retries nest under the call they retry).
+//! `execute_tool {tool}` per tool call, `workflow_step {step}` per step of a workflow, and
+//! `retry`, `compact` and `critique` spans, all children of the run span (retries nest under the call they retry). A run started by
+//! another run — an agent called as a tool, a handoff's target — records its parent span
+//! (`RunStarted.parent_span_id`): its `invoke_agent` span nests under that tool call.
 //!
 //! No I/O here: [`SpanAssembler::apply`] takes one event and returns the spans and per-turn
 //! records that the event completed. The sink writes them to trace files and exporters.
@@ -19,6 +21,10 @@ use crate::spans::{
     AttrValue, Completed, SpanEventRecord, SpanKind, SpanOptions, SpanStatus, finish_reason,
     split_model,
 };
+
+/// Key prefix of a workflow step's open span among a run's open child spans (tool calls
+/// are keyed by call id, which never has this prefix).
+const WORKFLOW_STEP_KEY: &str = "\u{0}workflow_step:";
 
 /// Folds events of any number of interleaved runs into spans.
 #[derive(Debug, Default)]
@@ -71,9 +77,14 @@ impl SpanAssembler {
                 model,
                 goal,
                 budget,
+                parent_span_id,
                 ..
             } => {
                 run.agent = agent.clone();
+                run.parent = parent_span_id
+                    .as_deref()
+                    .filter(|id| valid_span_id(id))
+                    .map(str::to_ascii_lowercase);
                 let (provider, model_name) = split_model(model);
                 run.provider = provider.map(str::to_string);
                 run.model = model_name.to_string();
@@ -379,6 +390,59 @@ impl SpanAssembler {
                     status,
                 )));
             }
+            EventKind::WorkflowStepStarted {
+                step,
+                agent,
+                child_thread,
+                ..
+            } => {
+                // The step's span is the parent of the step's own run (which records it as
+                // `parent_span_id`), so its `invoke_agent` span nests here.
+                let id = run.new_id(&event.span_id, run_id, &format!("step:{step}"));
+                let mut a = run.base_attrs("workflow_step");
+                a.insert("keel.workflow.step".into(), s(step.clone()));
+                a.insert("gen_ai.agent.name".into(), s(agent.clone()));
+                a.insert("keel.workflow.child_thread".into(), s(child_thread.clone()));
+                a.insert("openinference.span.kind".into(), s("CHAIN"));
+                run.tools.insert(
+                    format!("{WORKFLOW_STEP_KEY}{step}"),
+                    OpenSpan {
+                        span_id: id,
+                        name: format!("workflow_step {step}"),
+                        kind: SpanKind::Internal,
+                        start: event.ts,
+                        attributes: a,
+                        events: Vec::new(),
+                    },
+                );
+            }
+            EventKind::WorkflowStepFinished {
+                step,
+                child_run_id,
+                end_state,
+                reason,
+                ..
+            } => {
+                if let Some(mut open) = run.tools.remove(&format!("{WORKFLOW_STEP_KEY}{step}")) {
+                    open.attributes
+                        .insert("keel.workflow.child_run_id".into(), s(child_run_id.clone()));
+                    open.attributes
+                        .insert("keel.end_state".into(), s(end_state.as_str()));
+                    let status = if *end_state == EndState::Done {
+                        SpanStatus::Ok
+                    } else {
+                        SpanStatus::Error {
+                            message: reason.clone().unwrap_or_else(|| end_state.to_string()),
+                        }
+                    };
+                    out.push(Completed::Span(run.close(
+                        open,
+                        root_parent,
+                        event.ts,
+                        status,
+                    )));
+                }
+            }
             EventKind::Retry {
                 scope,
                 attempt,
@@ -512,6 +576,29 @@ impl SpanAssembler {
                     });
                 }
             }
+            EventKind::Handoff {
+                from,
+                to,
+                reason,
+                call_id,
+            } => {
+                if let Some(root) = run.root.as_mut() {
+                    let mut attributes = BTreeMap::new();
+                    attributes.insert("keel.handoff.from".into(), s(from.clone()));
+                    attributes.insert("keel.handoff.to".into(), s(to.clone()));
+                    attributes.insert("gen_ai.tool.call.id".into(), s(call_id.clone()));
+                    if capture && let Some(reason) = reason {
+                        attributes.insert("keel.handoff.reason".into(), s(clip(reason.clone())));
+                    }
+                    root.attributes
+                        .insert("keel.handoff.to".into(), s(to.clone()));
+                    root.events.push(SpanEventRecord {
+                        name: "handoff".into(),
+                        ts: event.ts,
+                        attributes,
+                    });
+                }
+            }
             EventKind::Notice { code, message, .. } => {
                 if let Some(root) = run.root.as_mut() {
                     let mut attributes = BTreeMap::new();
@@ -551,7 +638,8 @@ impl SpanAssembler {
                         },
                         EndState::ClarifyNeeded | EndState::Cancelled => SpanStatus::Unset,
                     };
-                    out.push(Completed::Span(run.close(root, None, event.ts, status)));
+                    let parent = run.parent.clone();
+                    out.push(Completed::Span(run.close(root, parent, event.ts, status)));
                 }
                 out.extend(run.turns.end(event).into_iter().map(Completed::Turn));
                 self.runs.remove(run_id);
@@ -584,9 +672,10 @@ impl SpanAssembler {
             ));
             if let Some(mut root) = run.root.take() {
                 finish_root(&run, &mut root, None, None, None, false);
+                let parent = run.parent.clone();
                 out.push(Completed::Span(run.close(
                     root,
-                    None,
+                    parent,
                     at,
                     SpanStatus::Unset,
                 )));

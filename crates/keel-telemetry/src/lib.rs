@@ -48,6 +48,7 @@ pub use timeline::{
 };
 pub use tls::ensure_crypto_provider;
 pub use tracefile::{
-    TraceFileWriter, TraceRecord, list_trace_files, read_trace, read_trace_file, trace_file_path,
+    TraceFileWriter, TraceRecord, list_trace_files, read_thread_traces, read_trace,
+    read_trace_file, trace_file_path,
 };
 pub use turns::{TurnRecord, TurnRole};

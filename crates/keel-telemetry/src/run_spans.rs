@@ -31,6 +31,9 @@ pub(crate) struct RunSpans {
     pub(crate) provider: Option<String>,
     pub(crate) model: String,
     pub(crate) root: Option<OpenSpan>,
+    /// The span the run nests under (`RunStarted.parent_span_id`): a tool call or handoff
+    /// of another run in the same trace.
+    pub(crate) parent: Option<String>,
     pub(crate) chat: Option<(u32, OpenSpan)>,
     pub(crate) tools: HashMap<String, OpenSpan>,
     pub(crate) requested: HashMap<String, (DateTime<Utc>, String, Option<String>, bool)>,

@@ -2,6 +2,7 @@
 //! (durations, tokens, cost, tool outcomes, retries, end state) and the table of
 //! `keel trace list`. Pure functions from records to strings.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use keel_core::{Event, EventKind, ToolResultKind};
 use serde::Serialize;
 
 use crate::error::TelemetryError;
+use crate::spans::{AttrValue, Completed, SpanOptions, SpanRecord, SpanStatus};
 use crate::tracefile::{TraceRecord, list_trace_files, read_trace_file};
 
 /// One row of `keel trace list`.
@@ -75,7 +77,8 @@ pub fn summarize_trace(records: &[TraceRecord]) -> Option<TraceSummary> {
     for e in events(records) {
         last = last.max(e.ts);
         match &e.kind {
-            EventKind::RunStarted { agent, model, .. } => {
+            // The trace's first run is its root (runs it started nest under it).
+            EventKind::RunStarted { agent, model, .. } if s.agent.is_empty() => {
                 s.agent = agent.clone();
                 s.model = model.clone();
             }
@@ -346,6 +349,16 @@ pub fn render_timeline(records: &[TraceRecord]) -> String {
             EventKind::Notice { code, message, .. } => {
                 format!("{}  notice {code}: {}", at(e.ts), short(message, 60))
             }
+            EventKind::Handoff {
+                from, to, reason, ..
+            } => format!(
+                "{}  handoff {from} -> {to}{}",
+                at(e.ts),
+                reason
+                    .as_ref()
+                    .map(|r| format!(": {}", short(r, 60)))
+                    .unwrap_or_default()
+            ),
             EventKind::RunEnded {
                 end_state, reason, ..
             } => format!(
@@ -361,5 +374,75 @@ pub fn render_timeline(records: &[TraceRecord]) -> String {
         };
         let _ = writeln!(o, "{line}");
     }
+    render_span_tree(records, &mut o);
     o
+}
+
+/// The spans of the trace as a tree (children indented under their parent, in start
+/// order): a run started by another — an agent called as a tool, a handoff's target —
+/// shows inside the span of the call that started it. Span records of the file are used;
+/// a file without any (telemetry off) gets the spans folded from its events.
+fn render_span_tree(records: &[TraceRecord], o: &mut String) {
+    let mut spans: Vec<SpanRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            TraceRecord::Span { span } => Some(span.clone()),
+            _ => None,
+        })
+        .collect();
+    if spans.is_empty() {
+        spans = crate::assembler::spans_for_events(events(records), SpanOptions::default())
+            .into_iter()
+            .filter_map(|c| match c {
+                Completed::Span(span) => Some(span),
+                Completed::Turn(_) => None,
+            })
+            .collect();
+    }
+    if spans.is_empty() {
+        return;
+    }
+    spans.sort_by(|a, b| {
+        a.start
+            .cmp(&b.start)
+            .then_with(|| a.span_id.cmp(&b.span_id))
+    });
+    let ids: HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let mut children: HashMap<&str, Vec<&SpanRecord>> = HashMap::new();
+    let mut roots = Vec::new();
+    for span in &spans {
+        match span.parent_span_id.as_deref().filter(|p| ids.contains(p)) {
+            Some(parent) => children.entry(parent).or_default().push(span),
+            None => roots.push(span),
+        }
+    }
+    let _ = writeln!(o, "\nspans");
+    let mut stack: Vec<(&SpanRecord, usize)> = roots.into_iter().rev().map(|s| (s, 1)).collect();
+    let mut seen: HashSet<&str> = HashSet::new();
+    while let Some((span, depth)) = stack.pop() {
+        if !seen.insert(span.span_id.as_str()) {
+            continue;
+        }
+        let status = match &span.status {
+            SpanStatus::Ok => "ok".to_string(),
+            SpanStatus::Unset => String::new(),
+            SpanStatus::Error { message } => format!("ERROR {}", short(message, 48)),
+        };
+        let end_state = span
+            .attr("keel.end_state")
+            .and_then(AttrValue::as_str)
+            .map(|s| format!("  {s}"))
+            .unwrap_or_default();
+        let line = format!(
+            "{:indent$}{}  {}  {status}{end_state}",
+            "",
+            span.name,
+            secs(span.duration_ms()),
+            indent = depth * 2
+        );
+        let _ = writeln!(o, "{}", line.trim_end());
+        if let Some(kids) = children.get(span.span_id.as_str()) {
+            stack.extend(kids.iter().rev().map(|k| (*k, depth.saturating_add(1))));
+        }
+    }
 }

@@ -107,6 +107,30 @@ pub fn read_trace(dir: &Path, id: &str) -> Result<Vec<TraceRecord>, TelemetryErr
     }
 }
 
+/// The traces in `dir` that hold events of thread `thread_id` (one per request on the
+/// thread; runs it started — agents called as tools — are in the same traces), oldest
+/// first. Unreadable files are skipped.
+pub fn read_thread_traces(
+    dir: &Path,
+    thread_id: &str,
+) -> Result<Vec<Vec<TraceRecord>>, TelemetryError> {
+    let mut found: Vec<(chrono::DateTime<chrono::Utc>, Vec<TraceRecord>)> = Vec::new();
+    for path in list_trace_files(dir)? {
+        let Ok(records) = read_trace_file(&path) else {
+            continue;
+        };
+        let first = records.iter().find_map(|r| match r {
+            TraceRecord::Event { event } if event.thread_id == thread_id => Some(event.ts),
+            _ => None,
+        });
+        if let Some(ts) = first {
+            found.push((ts, records));
+        }
+    }
+    found.sort_by_key(|(ts, _)| *ts);
+    Ok(found.into_iter().map(|(_, records)| records).collect())
+}
+
 /// The trace files in `dir`, sorted by name. A missing directory has none.
 pub fn list_trace_files(dir: &Path) -> Result<Vec<PathBuf>, TelemetryError> {
     let entries = match std::fs::read_dir(dir) {

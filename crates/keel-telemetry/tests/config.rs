@@ -177,6 +177,7 @@ async fn an_unreachable_collector_never_blocks_and_is_reported() {
                 constraints: vec![],
                 budget: keel_core::Budget::default(),
                 definition: None,
+                parent_span_id: None,
             }
         } else {
             keel_core::EventKind::RunEnded {

@@ -325,12 +325,12 @@ impl keel_runtime::RunObserver for SinkObserver {
     }
 }
 
-/// A real run — `Agent::run` with a scripted model and the real calculator tool — exported
+/// A real run — `ToolAgent::run` with a scripted model and the real calculator tool — exported
 /// to Phoenix while it happens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_scripted_run_is_exported_to_phoenix() {
     use keel_core::{Message, ToolRegistry};
-    use keel_runtime::{Agent, RunContext, Thread};
+    use keel_runtime::{RunContext, Thread, ToolAgent};
     use keel_testkit::{ScriptStep, ScriptedModel};
 
     let phoenix = start_phoenix().await;
@@ -354,7 +354,7 @@ async fn a_live_scripted_run_is_exported_to_phoenix() {
     ]));
     let mut tools = ToolRegistry::new();
     tools.register_typed(keel_tools::Calculator).unwrap();
-    let agent = Agent::builder("calc", model).tools(tools).build();
+    let agent = ToolAgent::builder("calc", model).tools(tools).build();
     let ctx = RunContext::default().with_observer(Arc::new(SinkObserver(sink.clone())));
     let mut thread = Thread::new();
     let outcome = agent

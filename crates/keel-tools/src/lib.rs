@@ -31,6 +31,21 @@ pub use ping_pong::PingPong;
 pub const BUILTIN_TOOLS: [&str; 4] = ["calculator", "delay", "failure_injection", "ping_pong"];
 
 /// A registry with every built-in tool.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use keel_core::ToolContext;
+///
+/// let tools = keel_tools::builtin_registry()?;
+/// assert_eq!(tools.names().collect::<Vec<_>>(), keel_tools::BUILTIN_TOOLS);
+///
+/// let calculator = tools.get("calculator").expect("built in");
+/// let ctx = ToolContext::new("thr_1", "run_1", "call_1", Default::default());
+/// let output = calculator.call(serde_json::json!({"expression": "2*(3+4)"}), &ctx).await?;
+/// assert_eq!(output["result"], 14.0);
+/// # Ok(()) }
+/// ```
 pub fn builtin_registry() -> Result<ToolRegistry, RegistryError> {
     let mut registry = ToolRegistry::new();
     registry.register_typed(PingPong)?;

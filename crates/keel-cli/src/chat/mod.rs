@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_core::{CancellationToken, EventStore, Message};
-use keel_runtime::{Agent, RunContext, RunObserver, RunOutcome, Thread};
+use keel_runtime::{RunContext, RunObserver, RunOutcome, Thread};
 use keel_telemetry::TelemetrySink;
 
 use crate::CliError;
-use crate::agents::{self, AgentArgs, StoreArgs};
+use crate::agents::{self, AgentArgs, RecipeExt, StoreArgs};
 use commands::{Command, SessionCost};
 use input::{Ask, Input, InputHandle};
 use render::{ChatPrinter, InlineApprovals, InlineUserInput};
@@ -171,7 +171,7 @@ impl RunObserver for TraceObserver {
 }
 
 struct Session {
-    agent: Agent,
+    agent: keel_app::ComposedAgent,
     store: Arc<dyn EventStore>,
     thread: Thread,
     context: RunContext,

@@ -20,23 +20,26 @@ use keel_core::{
     decide, new_id,
 };
 
-use crate::agent::Agent;
 use crate::context::RunContext;
 use crate::journal::Journal;
 use crate::outcome::{RunError, RunOutcome, RunStatus};
 use crate::thread::Thread;
+use crate::tool_agent::ToolAgent;
 
 /// Starts a new run on a thread.
 pub(crate) async fn start(
-    agent: &Agent,
+    agent: &ToolAgent,
     new_messages: Vec<Message>,
     thread: &mut Thread,
     ctx: &RunContext,
 ) -> Result<RunOutcome, RunError> {
-    if new_messages.is_empty() {
+    thread.reload_if_diverged(ctx.store.as_ref()).await?;
+    thread.check_home(&agent.name, None)?;
+    // No new message: only to take over a conversation handed off to this agent.
+    let taking_over = crate::handoff::takes_over(thread, &agent.name);
+    if new_messages.is_empty() && !taking_over {
         return Err(RunError::NoInput);
     }
-    thread.reload_if_diverged(ctx.store.as_ref()).await?;
     if let Some(run) = thread
         .state()
         .run()
@@ -47,11 +50,14 @@ pub(crate) async fn start(
             run_id: run.run_id.clone(),
         });
     }
-    let goal = new_messages
-        .iter()
-        .map(Message::text)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let goal = match new_messages.is_empty() {
+        true => crate::handoff::handed_off_goal(thread),
+        false => new_messages
+            .iter()
+            .map(Message::text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
     let mut journal = Journal::start(thread, ctx, new_id("run"));
     let span = journal.run_span().to_string();
     let mut batch = vec![(
@@ -62,6 +68,7 @@ pub(crate) async fn start(
             constraints: Vec::new(),
             budget: agent.budget,
             definition: Some(Box::new(agent.definition.clone())),
+            parent_span_id: None,
         },
         span.clone(),
     )];
@@ -78,11 +85,12 @@ pub(crate) async fn start(
 
 /// Resumes the run in progress on a thread.
 pub(crate) async fn resume(
-    agent: &Agent,
+    agent: &ToolAgent,
     thread: &mut Thread,
     ctx: &RunContext,
 ) -> Result<RunOutcome, RunError> {
     thread.reload_if_diverged(ctx.store.as_ref()).await?;
+    thread.check_home(&agent.name, None)?;
     if !thread.state().run_in_progress() {
         if crate::outcome::retryable_failure(thread.run_events()).is_some() {
             return continue_failed(agent, thread, ctx).await;
@@ -119,7 +127,7 @@ pub const RUN_CONTINUED_NOTICE: &str = "run_continued";
 /// budget, starts with a [`RUN_CONTINUED_NOTICE`] naming it and asks the model again from
 /// the conversation as it stood.
 async fn continue_failed(
-    agent: &Agent,
+    agent: &ToolAgent,
     thread: &mut Thread,
     ctx: &RunContext,
 ) -> Result<RunOutcome, RunError> {
@@ -145,6 +153,7 @@ async fn continue_failed(
                 constraints: Vec::new(),
                 budget: agent.budget,
                 definition: Some(Box::new(agent.definition.clone())),
+                parent_span_id: None,
             },
             span.clone(),
         ),
@@ -185,7 +194,8 @@ async fn continue_failed(
 /// an incompatible agent (a tool of the run gone or reshaped) is refused before anything
 /// is appended; compatible differences are returned to be recorded. Runs recorded before
 /// definitions existed are continued as they are.
-pub(crate) fn check_resumable(agent: &Agent, thread: &Thread) -> Result<Vec<String>, RunError> {
+pub(crate) fn check_resumable(agent: &ToolAgent, thread: &Thread) -> Result<Vec<String>, RunError> {
+    thread.check_home(&agent.name, None)?;
     let recorded = thread.run_events().iter().find_map(|e| match &e.kind {
         EventKind::RunStarted { definition, .. } => definition.as_ref(),
         _ => None,
@@ -207,7 +217,7 @@ pub(crate) fn check_resumable(agent: &Agent, thread: &Thread) -> Result<Vec<Stri
 }
 
 /// The loop.
-async fn drive(agent: &Agent, journal: &mut Journal<'_>) -> Result<RunOutcome, RunError> {
+async fn drive(agent: &ToolAgent, journal: &mut Journal<'_>) -> Result<RunOutcome, RunError> {
     loop {
         if journal.state().run_in_progress() {
             if journal.ctx().cancel.is_cancelled() {
@@ -332,7 +342,7 @@ enum FinalVerdict {
 /// Runs the critic on the final answer (once per answer), journals the verdict, and sends
 /// an unsatisfied answer back to the model with its gaps, a bounded number of times.
 async fn critique_final_answer(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
 ) -> Result<FinalVerdict, RunError> {
     let Some(critic) = &agent.critic else {
@@ -416,7 +426,7 @@ fn outcome(journal: &Journal<'_>, status: RunStatus) -> RunOutcome {
 
 /// Ends the run, first answering any unanswered tool call so the thread never holds an
 /// orphan call.
-async fn finish(
+pub(crate) async fn finish(
     journal: &mut Journal<'_>,
     end_state: EndState,
     reason: Option<String>,

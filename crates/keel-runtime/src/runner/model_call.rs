@@ -17,10 +17,10 @@ use keel_core::{
     ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice,
 };
 
-use crate::agent::Agent;
 use crate::compaction::{self, Prepared};
 use crate::journal::Journal;
 use crate::outcome::RunError;
+use crate::tool_agent::ToolAgent;
 
 /// Provider item kind under which the structured planner keeps the model's raw answer.
 const STRUCTURED_PROVIDER: &str = "keel-structured";
@@ -30,7 +30,7 @@ static NO_TOOLS: ToolChoice = ToolChoice::None;
 /// The messages sent to the model. Native mode sends the context as is (borrowed, no
 /// copy). Structured mode renders it for a model without tool calling: assistant actions
 /// as their raw JSON text, tool results as `Observation:` user messages.
-fn request_messages<'m>(agent: &Agent, messages: &'m [Message]) -> Cow<'m, [Message]> {
+fn request_messages<'m>(agent: &ToolAgent, messages: &'m [Message]) -> Cow<'m, [Message]> {
     match agent.planner_mode {
         PlannerMode::Native => Cow::Borrowed(messages),
         PlannerMode::Structured => Cow::Owned(
@@ -62,7 +62,7 @@ fn request_messages<'m>(agent: &Agent, messages: &'m [Message]) -> Cow<'m, [Mess
     }
 }
 
-fn system_prompt(agent: &Agent, journal: &Journal<'_>, final_summary: bool) -> Option<String> {
+fn system_prompt(agent: &ToolAgent, journal: &Journal<'_>, final_summary: bool) -> Option<String> {
     let mut system = agent.system_prompt.clone();
     if final_summary
         && let Some((_, reason, action_item)) =
@@ -87,7 +87,7 @@ fn forced_tool_choice(journal: &Journal<'_>) -> Option<ToolChoice> {
 }
 
 fn build_request<'a>(
-    agent: &'a Agent,
+    agent: &'a ToolAgent,
     messages: &'a [Message],
     system: Option<&'a str>,
     final_summary: bool,
@@ -114,7 +114,7 @@ fn build_request<'a>(
 }
 
 pub(super) async fn call_model(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     turn: u32,
     final_summary: bool,
@@ -292,7 +292,7 @@ fn window_too_small(budget: &TokenBudget) -> Option<String> {
 }
 
 fn measure(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &Journal<'_>,
     system: Option<&str>,
     final_summary: bool,
@@ -311,7 +311,7 @@ fn measure(
 /// Streams one answer, forwarding deltas to observers and collecting retry and restart
 /// records into `batch`. `Err(None)` means cancelled.
 async fn stream_answer(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &Journal<'_>,
     system: Option<&str>,
     final_summary: bool,
@@ -425,7 +425,7 @@ fn unique_call_ids(message: &mut Message, earlier: &[Message]) {
 /// Journals the answer (or the failure) of a call.
 #[allow(clippy::too_many_arguments)]
 async fn finish_call(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     turn: u32,
     final_summary: bool,
@@ -501,7 +501,7 @@ async fn finish_call(
 /// assistant message (raw text kept as a provider item; a tool call, a control call or the
 /// final answer added); an invalid one stays text and is followed by a re-ask.
 fn structured_action(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &Journal<'_>,
     turn: u32,
     response: &mut ModelResponse,

@@ -3,6 +3,8 @@
 //! engine on every failure (fallbacks, asking the user, stopping), normalized observations,
 //! and critiques of each observation.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use keel_core::critic::{CriticInput, Subject};
 use keel_core::event::{CriticNext, new_span_id};
@@ -15,19 +17,22 @@ use keel_core::{
 };
 
 use super::{error_outcome, ok_outcome, tool_finished};
-use crate::agent::Agent;
 use crate::context::{ApprovalDecision, ApprovalMode};
-use crate::executor::CallEnv;
+use crate::executor::{CallEnv, CallExtras};
 use crate::journal::Journal;
 use crate::outcome::{RunError, RunStatus};
+use crate::tool_agent::ToolAgent;
 
 pub(super) async fn execute_tools(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     calls: Vec<PendingCall>,
 ) -> Result<(), RunError> {
     let is_executed = |p: &PendingCall| {
-        p.approval != Some(false) && p.call.name != ASK_USER && p.call.name != REPLAN
+        p.approval != Some(false)
+            && p.call.name != ASK_USER
+            && p.call.name != REPLAN
+            && agent.handoff_target(&p.call.name).is_none()
     };
     // A call that started before a crash and never finished: re-run it only when repeating
     // it is harmless; a mutating call gets an "interrupted" outcome and goes to the policy.
@@ -68,6 +73,7 @@ pub(super) async fn execute_tools(
     } else {
         keel_core::AppendDurability::Default
     };
+    let extras = call_extras(journal, &started);
     journal.append_batch_with(started, durability).await?;
 
     let ctx = journal.ctx().clone();
@@ -77,6 +83,7 @@ pub(super) async fn execute_tools(
         thread_id: &thread_id,
         run_id: &run_id,
         cancel: &ctx.cancel,
+        extras: Some(&extras),
     };
     let to_run: Vec<ToolCall> = calls
         .iter()
@@ -85,6 +92,7 @@ pub(super) async fn execute_tools(
         .collect();
     let mut executions = agent.executor.execute_ordered(to_run, env);
     let mut committed: Vec<String> = Vec::new();
+    let mut handed_off: Option<String> = None;
     // Results are committed in call order; denied and control calls keep their place.
     for pending in calls {
         let call = pending.call.clone();
@@ -110,6 +118,10 @@ pub(super) async fn execute_tools(
         }
         if call.name == REPLAN {
             replan(journal, call).await?;
+            continue;
+        }
+        if let Some(target) = agent.handoff_target(&call.name) {
+            crate::handoff::transfer(agent, journal, call, target, &mut handed_off).await?;
             continue;
         }
         let Some((_, execution)) = executions.next().await else {
@@ -182,15 +194,40 @@ pub(super) async fn execute_tools(
         }
         committed.push(call.id);
     }
+    if let Some(target) = handed_off {
+        // The conversation goes on with `target`, in a run of its own.
+        let reason = format!("handed off to `{target}`");
+        return super::finish(journal, EndState::Done, Some(reason), None).await;
+    }
     if agent.critic.is_some() {
         critique_observations(agent, journal, &committed).await?;
     }
     Ok(())
 }
 
+/// What the run lends the turn's tools: its trace, each call's span (the span of its
+/// `tool_call_started`, new or — for a call resumed after a crash — recorded), and the
+/// run context.
+fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallExtras {
+    let recorded = journal.run_events().iter().map(|e| (&e.kind, &e.span_id));
+    let spans = recorded
+        .chain(started.iter().map(|(kind, span)| (kind, span)))
+        .filter_map(|(kind, span)| match kind {
+            EventKind::ToolCallStarted { call_id, .. } => Some((call_id.clone(), span.clone())),
+            _ => None,
+        })
+        .collect();
+    let runtime: Arc<dyn std::any::Any + Send + Sync> = Arc::new(journal.ctx().clone());
+    CallExtras {
+        trace_id: journal.trace_id().to_string(),
+        spans,
+        runtime: Some(runtime),
+    }
+}
+
 /// Whether a call of this tool may run again after an interruption: its effect is
 /// read-only or idempotent (an unknown tool is never run, so repeating it is harmless).
-fn may_repeat(agent: &Agent, name: &str) -> bool {
+fn may_repeat(agent: &ToolAgent, name: &str) -> bool {
     agent
         .executor
         .spec(name)
@@ -201,7 +238,7 @@ fn may_repeat(agent: &Agent, name: &str) -> bool {
 /// stopped mid-call): it is NOT executed again. The model is told it may or may not have
 /// taken effect, with its idempotency key, and the policy decides what follows.
 async fn settle_interrupted(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     call: ToolCall,
 ) -> Result<(), RunError> {
@@ -268,7 +305,7 @@ fn policy_event(
 
 /// The policy decision for a failed outcome (`None` on success).
 fn decide_policy(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &Journal<'_>,
     call: &ToolCall,
     outcome: &ToolOutcome,
@@ -313,7 +350,7 @@ fn decide_policy(
 }
 
 /// What the model sees for an outcome, per the agent's observation mode.
-fn content_for(agent: &Agent, outcome: &ToolOutcome) -> String {
+fn content_for(agent: &ToolAgent, outcome: &ToolOutcome) -> String {
     let observation = agent
         .executor
         .tool(&outcome.tool)
@@ -391,7 +428,7 @@ async fn replan(journal: &mut Journal<'_>, call: ToolCall) -> Result<(), RunErro
 
 /// Critiques each new observation; a critic may ask for a replan, a clarification, or stop.
 async fn critique_observations(
-    agent: &Agent,
+    agent: &ToolAgent,
     journal: &mut Journal<'_>,
     call_ids: &[String],
 ) -> Result<(), RunError> {

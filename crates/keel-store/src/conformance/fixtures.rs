@@ -50,6 +50,7 @@ pub fn run_started(agent: &str) -> EventKind {
         constraints: vec!["no network".into()],
         budget: Budget::unlimited().with_max_turns(7),
         definition: None,
+        parent_span_id: None,
     }
 }
 

@@ -62,6 +62,7 @@ impl RunBuilder {
                 constraints: vec![],
                 budget: Budget::default(),
                 definition: None,
+                parent_span_id: None,
             },
         );
         b

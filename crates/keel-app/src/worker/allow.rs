@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use url::{Host, Url};
 
-use crate::agents::AgentSpec;
+use super::JobSpec;
 
 /// The keyword accepted by `--allow-base-url` for any loopback address.
 pub const LOOPBACK: &str = "loopback";
@@ -110,11 +110,11 @@ impl JobPolicy {
 
     /// Whether the worker may build `spec`; the error says what is refused and which flag
     /// allows it.
-    pub fn check(&self, spec: &AgentSpec) -> Result<(), String> {
-        if let Some(base_url) = spec.base_url.as_deref().filter(|u| !u.trim().is_empty()) {
+    pub fn check(&self, spec: &impl JobSpec) -> Result<(), String> {
+        if let Some(base_url) = spec.base_url().filter(|u| !u.trim().is_empty()) {
             self.check_base_url(base_url)?;
         }
-        if let Some(path) = &spec.agent {
+        if let Some(path) = spec.agent_file() {
             self.check_agent_file(path)?;
         }
         Ok(())
@@ -232,24 +232,30 @@ pub fn display_url(raw: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::agents::ApproveFlag;
 
-    fn spec(base_url: Option<&str>, agent: Option<PathBuf>) -> AgentSpec {
-        AgentSpec {
-            model: Some("openai:gpt-4.1".into()),
+    /// What the policy looks at in a job's agent spec.
+    struct Spec {
+        base_url: Option<String>,
+        agent: Option<PathBuf>,
+    }
+
+    impl JobSpec for Spec {
+        fn base_url(&self) -> Option<&str> {
+            self.base_url.as_deref()
+        }
+        fn agent_file(&self) -> Option<&Path> {
+            self.agent.as_deref()
+        }
+        fn submission(&self) -> Option<&str> {
+            None
+        }
+        fn set_submission(&mut self, _submission: Option<String>) {}
+    }
+
+    fn spec(base_url: Option<&str>, agent: Option<PathBuf>) -> Spec {
+        Spec {
             base_url: base_url.map(str::to_string),
-            script: None,
-            tools: Vec::new(),
-            max_turns: None,
-            instructions: None,
-            approve: Some(ApproveFlag::Auto),
             agent,
-            agent_name: None,
-            agent_sha256: None,
-            context_strategy: None,
-            context_window: None,
-            max_output_tokens: None,
-            submission: None,
         }
     }
 

@@ -1,0 +1,361 @@
+//! Scale-out: [`submit`] enqueues a job (agent recipe + message) on the store's run queue;
+//! a [`Worker`] leases queued jobs (several workers can share one Postgres store) — the
+//! jobs of one thread one at a time, in submit order — and drives each job's run while a
+//! [`LeaseKeeper`] renews the lease. A crashed worker's jobs are taken over once its lease
+//! expires. A worker that loses its lease, or can no longer confirm it, cancels the run at
+//! once and writes nothing more ([`FencedStore`]); the store's append check is the last
+//! line of defence. A job's custom base URL or agent file is used only when the worker
+//! allows it ([`JobPolicy`]).
+//!
+//! The application decides what a job's agent recipe is and how it becomes an agent
+//! ([`JobAgents`]); the `keel worker` command and servers embedding workers share all the
+//! rest.
+
+mod allow;
+mod job;
+mod lease;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use keel_core::{CancellationToken, EventStore};
+use keel_store::{Lease, QueueError, RunQueue};
+use tokio::time::Instant;
+
+pub use allow::{JobPolicy, LOOPBACK, display_url};
+pub use job::{
+    JobAgents, JobPayload, JobSpec, JobStart, SubmitError, Submitted, run_error, submit,
+};
+pub use lease::{FencedStore, LeaseKeeper, Loss};
+
+use crate::AppError;
+use job::JobFailure;
+
+/// Where a worker reports what it does, one line at a time (job outcomes, lost leases,
+/// store errors). Lines may name base URLs; redact them as any error before printing.
+pub type WorkerLog = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How a worker works.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// This worker's name in leases.
+    pub worker_id: String,
+    /// Lease duration (renewed every third of it while a run is driven; a run whose lease
+    /// cannot be confirmed for two thirds of it is cancelled). 0.3 s to 24 h.
+    pub lease_ttl: Duration,
+    /// Runs driven at once (at least 1).
+    pub concurrency: usize,
+    /// How long to wait between polls when the queue is empty (at least 1 ms).
+    pub poll: Duration,
+    /// Return once no job is queued or leased.
+    pub exit_when_idle: bool,
+    /// What jobs may make this worker do with its credentials.
+    pub policy: JobPolicy,
+}
+
+impl Default for WorkerOptions {
+    /// `worker-PID`, a 30 s lease, one run at a time, polling every 500 ms, nothing
+    /// custom allowed.
+    fn default() -> Self {
+        Self {
+            worker_id: default_worker_id(),
+            lease_ttl: Duration::from_secs(30),
+            concurrency: 1,
+            poll: Duration::from_millis(500),
+            exit_when_idle: false,
+            policy: JobPolicy::default(),
+        }
+    }
+}
+
+/// `worker-PID`.
+pub fn default_worker_id() -> String {
+    format!("worker-{}", std::process::id())
+}
+
+/// What a worker did, once [`Worker::run`] returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Jobs whose run ended or paused awaiting approval (completed on the queue).
+    pub completed: u64,
+    /// Jobs failed for good (bad payload, refused or unbuildable agent).
+    pub failed: u64,
+    /// Jobs given back to be retried (store failure, another process drove the thread).
+    pub retried: u64,
+    /// Jobs given back to wait for another run on their thread.
+    pub waited: u64,
+    /// Jobs whose lease was lost while their run was driven.
+    pub lost: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    completed: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    waited: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Counters {
+    fn report(&self) -> WorkerReport {
+        WorkerReport {
+            completed: self.completed.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A queue worker over one store (see the module docs).
+pub struct Worker<A: JobAgents> {
+    shared: Shared<A>,
+    concurrency: usize,
+}
+
+impl<A: JobAgents> std::fmt::Debug for Worker<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("worker_id", &self.shared.worker_id)
+            .field("lease_ttl", &self.shared.ttl)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<A> {
+    agents: A,
+    events: Arc<dyn EventStore>,
+    queue: Arc<dyn RunQueue>,
+    worker_id: String,
+    ttl: Duration,
+    poll: Duration,
+    exit_when_idle: bool,
+    policy: JobPolicy,
+    log: WorkerLog,
+    shutdown: CancellationToken,
+    counters: Counters,
+}
+
+impl<A: JobAgents> Shared<A> {
+    fn say(&self, line: &str) {
+        (self.log)(line);
+    }
+}
+
+impl<A: JobAgents> Worker<A> {
+    /// A worker driving the jobs of `queue` on `events` with `agents`. Options out of range
+    /// are an [`AppError::Invalid`].
+    pub fn new(
+        events: Arc<dyn EventStore>,
+        queue: Arc<dyn RunQueue>,
+        agents: A,
+        options: WorkerOptions,
+    ) -> Result<Self, AppError> {
+        let ttl = options.lease_ttl;
+        // A nanosecond of slack: `Duration::from_secs_f64(0.3)` may round down.
+        if ttl < Duration::from_nanos(299_999_999) || ttl > Duration::from_secs(86_400) {
+            return Err(AppError::Invalid(format!(
+                "the lease TTL must be within [0.3 s, 24 h], not {ttl:?}"
+            )));
+        }
+        if options.concurrency == 0 {
+            return Err(AppError::Invalid(
+                "a worker's concurrency must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            concurrency: options.concurrency,
+            shared: Shared {
+                agents,
+                events,
+                queue,
+                worker_id: options.worker_id,
+                ttl,
+                poll: options.poll.max(Duration::from_millis(1)),
+                exit_when_idle: options.exit_when_idle,
+                policy: options.policy,
+                log: Arc::new(|_: &str| {}),
+                shutdown: CancellationToken::new(),
+                counters: Counters::default(),
+            },
+        })
+    }
+
+    /// Reports through `log` (default: nowhere).
+    #[must_use]
+    pub fn with_log(mut self, log: WorkerLog) -> Self {
+        self.shared.log = log;
+        self
+    }
+
+    /// Stops the worker when `shutdown` is cancelled: no job is leased after that and
+    /// [`run`](Self::run) returns once the runs in progress end (dropping its future
+    /// instead stops at once; the leases then expire and other workers take the jobs
+    /// over).
+    #[must_use]
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shared.shutdown = shutdown;
+        self
+    }
+
+    /// This worker's name in leases.
+    pub fn worker_id(&self) -> &str {
+        &self.shared.worker_id
+    }
+
+    /// Drives jobs until shut down (or, with `exit_when_idle`, until no job is queued or
+    /// leased).
+    pub async fn run(self) -> WorkerReport {
+        let shared = Arc::new(self.shared);
+        let mut slots = tokio::task::JoinSet::new();
+        for _ in 0..self.concurrency {
+            slots.spawn(slot(shared.clone()));
+        }
+        while slots.join_next().await.is_some() {}
+        shared.counters.report()
+    }
+}
+
+/// One lease-drive-complete loop.
+async fn slot<A: JobAgents>(shared: Arc<Shared<A>>) {
+    while !shared.shutdown.is_cancelled() {
+        let sent = Instant::now();
+        match shared.queue.acquire(&shared.worker_id, shared.ttl).await {
+            Ok(Some(lease)) => drive_job(&shared, lease, sent).await,
+            Ok(None) => {
+                if shared.exit_when_idle {
+                    match shared.queue.counts().await {
+                        Ok(counts) if counts.queued == 0 && counts.leased == 0 => return,
+                        Ok(_) => {}
+                        Err(e) => shared.say(&format!(
+                            "worker {}: cannot count jobs: {e}",
+                            shared.worker_id
+                        )),
+                    }
+                }
+                pause(&shared).await;
+            }
+            Err(e) => {
+                shared.say(&format!("worker {}: acquire failed: {e}", shared.worker_id));
+                pause(&shared).await;
+            }
+        }
+    }
+}
+
+/// Waits one poll interval, or until shutdown.
+async fn pause<A>(shared: &Shared<A>) {
+    tokio::select! {
+        () = tokio::time::sleep(shared.poll) => {}
+        () = shared.shutdown.cancelled() => {}
+    }
+}
+
+/// Drives one leased job (acquired by a request sent at `sent`) while a [`LeaseKeeper`]
+/// renews the lease; when the lease is lost the run is cancelled, its writes are refused,
+/// and the job is neither completed nor failed here.
+async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant) {
+    let job = lease.job_id;
+    let thread_id = lease.thread_id.clone();
+    let payload = lease.payload.clone();
+    let attempts = lease.attempts;
+    let cancel = CancellationToken::new();
+    let keeper = Arc::new(LeaseKeeper::new(
+        shared.queue.clone(),
+        lease,
+        shared.ttl,
+        sent,
+        cancel.clone(),
+    ));
+    let keeping = tokio::spawn(keeper.clone().keep());
+    let store: Arc<dyn EventStore> =
+        Arc::new(FencedStore::new(shared.events.clone(), keeper.clone()));
+    let run = job::drive(
+        &shared.agents,
+        store,
+        &thread_id,
+        payload,
+        &shared.policy,
+        cancel,
+    );
+    tokio::pin!(run);
+    let result = tokio::select! {
+        result = &mut run => Some(result),
+        () = lost_then(&keeper, shared.ttl) => None,
+    };
+    keeping.abort();
+    let lease = keeper.lease();
+    let counters = &shared.counters;
+    if let Some(loss) = keeper.loss() {
+        counters.lost.fetch_add(1, Ordering::Relaxed);
+        let stopped = if result.is_some() {
+            "cancelled the run; nothing more was written"
+        } else {
+            "the run did not stop within the lease TTL after it was cancelled; dropped it"
+        };
+        shared.say(&format!(
+            "job {job} thread {thread_id}: lease lost ({loss}); {stopped}"
+        ));
+        if matches!(loss, Loss::Unconfirmed(_)) {
+            // The lease may still be ours: give the job back so another worker continues
+            // the run without waiting for the lease to expire (this run has stopped).
+            match shared.queue.release(&lease).await {
+                Ok(()) | Err(QueueError::LeaseLost { .. }) => {}
+                Err(e) => shared.say(&format!("job {job}: giving the job back failed: {e}")),
+            }
+        }
+        return;
+    }
+    let Some(result) = result else { return };
+    let backoff = (shared.poll * attempts.max(1)).min(Duration::from_secs(30));
+    match result {
+        Ok(status) => {
+            counters.completed.fetch_add(1, Ordering::Relaxed);
+            match shared.queue.complete(&lease).await {
+                Ok(()) => shared.say(&format!("job {job} thread {thread_id}: {status}")),
+                Err(e) => shared.say(&format!(
+                    "job {job} thread {thread_id}: {status}, but completing failed: {e}"
+                )),
+            }
+        }
+        Err(JobFailure::Permanent(message)) => {
+            // Retrying cannot help (bad payload, refused agent, unknown tool).
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            shared.say(&format!("job {job} thread {thread_id}: failed: {message}"));
+            if let Err(e) = shared.queue.fail(&lease, &message).await {
+                shared.say(&format!("job {job}: recording the failure failed: {e}"));
+            }
+        }
+        Err(JobFailure::Transient(message)) => {
+            counters.retried.fetch_add(1, Ordering::Relaxed);
+            shared.say(&format!(
+                "job {job} thread {thread_id}: {message}; retrying in {backoff:?}"
+            ));
+            if let Err(e) = shared.queue.retry_later(&lease, backoff).await {
+                shared.say(&format!("job {job}: giving the job back failed: {e}"));
+            }
+        }
+        Err(JobFailure::Wait(message)) => {
+            counters.waited.fetch_add(1, Ordering::Relaxed);
+            shared.say(&format!(
+                "job {job} thread {thread_id}: waits: {message}; next look in {backoff:?}"
+            ));
+            if let Err(e) = shared.queue.retry_later(&lease, backoff).await {
+                shared.say(&format!("job {job}: giving the job back failed: {e}"));
+            }
+        }
+    }
+}
+
+/// Resolves `grace` after the lease is lost: how long a cancelled run gets to stop.
+async fn lost_then(keeper: &LeaseKeeper, grace: Duration) {
+    keeper.wait_lost().await;
+    tokio::time::sleep(grace).await;
+}
+
+#[cfg(test)]
+mod tests;

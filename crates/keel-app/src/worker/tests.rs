@@ -1,0 +1,247 @@
+//! The worker API end to end over the in-memory store and queue: jobs submitted, leased,
+//! driven with a scripted model, and reported; refused jobs; shutdown.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_core::{CancellationToken, Event, EventKind, EventStore, MemoryStore};
+use keel_runtime::{Agent, RunContext, Thread, ToolAgent};
+use keel_store::{JobState, MemoryRunQueue, RunQueue};
+use keel_testkit::{ScriptStep, ScriptedModel};
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// A recipe: the one answer the scripted model gives.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Spec {
+    reply: String,
+    base_url: Option<String>,
+    submission: Option<String>,
+}
+
+impl JobSpec for Spec {
+    fn base_url(&self) -> Option<&str> {
+        self.base_url.as_deref()
+    }
+    fn agent_file(&self) -> Option<&Path> {
+        None
+    }
+    fn submission(&self) -> Option<&str> {
+        self.submission.as_deref()
+    }
+    fn set_submission(&mut self, submission: Option<String>) {
+        self.submission = submission;
+    }
+}
+
+struct Scripted;
+
+#[async_trait]
+impl JobAgents for Scripted {
+    type Spec = Spec;
+
+    fn recorded(&self, run_events: &[Event]) -> Result<Option<Spec>, String> {
+        let recipe = run_events.iter().find_map(|event| match &event.kind {
+            EventKind::RunStarted {
+                definition: Some(definition),
+                ..
+            } => Some(definition.recipe.clone()),
+            _ => None,
+        });
+        recipe
+            .map(|recipe| serde_json::from_value(recipe).map_err(|e| e.to_string()))
+            .transpose()
+    }
+
+    async fn build(
+        &self,
+        spec: &Spec,
+        _start: JobStart<'_>,
+        store: Arc<dyn EventStore>,
+        cancel: CancellationToken,
+    ) -> Result<(Box<dyn Agent>, RunContext), String> {
+        let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text(&spec.reply)]));
+        let agent = ToolAgent::builder("scripted", model)
+            .recipe(serde_json::to_value(spec).unwrap())
+            .build();
+        Ok((Box::new(agent), RunContext::new(store).with_cancel(cancel)))
+    }
+}
+
+fn spec(reply: &str, base_url: Option<&str>) -> Spec {
+    Spec {
+        reply: reply.into(),
+        base_url: base_url.map(str::to_string),
+        submission: None,
+    }
+}
+
+fn options() -> WorkerOptions {
+    WorkerOptions {
+        worker_id: "w1".into(),
+        poll: Duration::from_millis(1),
+        exit_when_idle: true,
+        ..WorkerOptions::default()
+    }
+}
+
+type Lines = Arc<Mutex<Vec<String>>>;
+
+fn collect() -> (Lines, WorkerLog) {
+    let lines: Lines = Arc::default();
+    let sink = lines.clone();
+    let log: WorkerLog = Arc::new(move |line: &str| sink.lock().unwrap().push(line.into()));
+    (lines, log)
+}
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn drives_the_jobs_of_a_thread_in_order_until_idle() {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let first = submit(
+        events.as_ref(),
+        queue.as_ref(),
+        None,
+        spec("one", None),
+        "first".into(),
+    )
+    .await
+    .unwrap();
+    assert!(!first.run_in_progress);
+    let second = submit(
+        events.as_ref(),
+        queue.as_ref(),
+        Some(first.thread_id.clone()),
+        spec("two", None),
+        "second".into(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.thread_id, first.thread_id);
+    let (lines, log) = collect();
+    let worker = Worker::new(events.clone(), queue.clone(), Scripted, options())
+        .unwrap()
+        .with_log(log);
+    assert_eq!(worker.worker_id(), "w1");
+    let report = tokio::time::timeout(DEADLINE, worker.run()).await.unwrap();
+    assert_eq!(
+        report,
+        WorkerReport {
+            completed: 2,
+            ..WorkerReport::default()
+        }
+    );
+    let lines = lines.lock().unwrap().clone();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().all(|l| l.ends_with("ended done")), "{lines:?}");
+    let thread = Thread::load(events.as_ref(), &first.thread_id)
+        .await
+        .unwrap();
+    let texts: Vec<String> = thread
+        .state()
+        .messages()
+        .iter()
+        .map(|m| format!("{:?}", m.parts))
+        .collect();
+    let joined = texts.join("|");
+    let order: Vec<usize> = ["first", "one", "second", "two"]
+        .iter()
+        .map(|word| joined.find(word).unwrap())
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{joined}");
+    for job in [first.job_id, second.job_id] {
+        assert_eq!(queue.job(job).await.unwrap().unwrap().state, JobState::Done);
+    }
+}
+
+#[tokio::test]
+async fn a_base_url_the_policy_refuses_fails_the_job_before_any_run() {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let job = submit(
+        events.as_ref(),
+        queue.as_ref(),
+        None,
+        spec("never", Some("https://user:pw@evil.example/v1")),
+        "hi".into(),
+    )
+    .await
+    .unwrap();
+    let (lines, log) = collect();
+    let worker = Worker::new(events.clone(), queue.clone(), Scripted, options())
+        .unwrap()
+        .with_log(log);
+    let report = tokio::time::timeout(DEADLINE, worker.run()).await.unwrap();
+    assert_eq!(report.failed, 1, "{report:?}");
+    let info = queue.job(job.job_id).await.unwrap().unwrap();
+    assert_eq!(info.state, JobState::Failed);
+    let line = lines.lock().unwrap().join("\n");
+    assert!(line.contains("--allow-base-url"), "{line}");
+    assert!(!line.contains("pw"), "{line}");
+    assert!(events.load(&job.thread_id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn shutdown_stops_a_waiting_worker() {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let shutdown = CancellationToken::new();
+    let worker = Worker::new(
+        events,
+        queue,
+        Scripted,
+        WorkerOptions {
+            exit_when_idle: false,
+            poll: Duration::from_secs(3600),
+            concurrency: 3,
+            ..options()
+        },
+    )
+    .unwrap()
+    .with_shutdown(shutdown.clone());
+    let running = tokio::spawn(worker.run());
+    shutdown.cancel();
+    let report = tokio::time::timeout(DEADLINE, running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(report, WorkerReport::default());
+}
+
+#[test]
+fn options_out_of_range_are_refused() {
+    let worker = |options: WorkerOptions| {
+        let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+        Worker::new(events, queue, Scripted, options)
+    };
+    for options in [
+        WorkerOptions {
+            lease_ttl: Duration::from_millis(100),
+            ..options()
+        },
+        WorkerOptions {
+            lease_ttl: Duration::from_secs(86_401),
+            ..options()
+        },
+        WorkerOptions {
+            concurrency: 0,
+            ..options()
+        },
+    ] {
+        let error = worker(options).unwrap_err();
+        assert_eq!(error.code(), "invalid", "{error}");
+    }
+    worker(WorkerOptions {
+        lease_ttl: Duration::from_secs_f64(0.3),
+        ..options()
+    })
+    .unwrap();
+}
