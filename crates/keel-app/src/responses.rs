@@ -20,7 +20,7 @@ use futures::StreamExt;
 use keel_config::{AgentDefinition, AgentKind, DiagnosticCode};
 use keel_core::event::{ModelFailure, new_span_id};
 use keel_core::model::ResponseAssembler;
-use keel_core::{EndState, EventKind, Message, ModelError, ModelRequest, Part, Role, StreamEvent};
+use keel_core::{EndState, EventKind, Message, ModelError, ModelRequest, Part, Role};
 use keel_providers::{STORED_RESPONSES_PROVIDER, StoredResponses};
 use keel_runtime::{Agent, RunContext, RunError, RunOutcome, RunRecorder, Thread, ThreadHome};
 
@@ -144,31 +144,8 @@ impl ResponsesAgent {
             for observer in &context.observers {
                 observer.on_stream(run.thread_id(), run.run_id(), &event);
             }
-            match &event {
-                StreamEvent::Retry {
-                    attempt,
-                    error,
-                    wait_ms,
-                    ..
-                } => batch.push((
-                    EventKind::Retry {
-                        scope: "model".into(),
-                        attempt: *attempt,
-                        class: error.to_string(),
-                        wait_ms: *wait_ms,
-                        call_id: None,
-                    },
-                    span.to_string(),
-                )),
-                StreamEvent::Restart => batch.push((
-                    EventKind::Notice {
-                        code: "stream_restarted".into(),
-                        message: "the model stream restarted; partial output was discarded".into(),
-                        data: None,
-                    },
-                    span.to_string(),
-                )),
-                _ => {}
+            if let Some(kind) = keel_runtime::runner::stream_event_record(&event) {
+                batch.push((kind, span.to_string()));
             }
             assembler.push(&event);
         }

@@ -64,48 +64,13 @@ impl<'a> RunRecorder<'a> {
         thread: &'a mut Thread,
         context: &'a RunContext,
     ) -> Result<Self, RunError> {
-        thread.reload_if_diverged(context.store.as_ref()).await?;
-        // No new message: only to take over a conversation handed off to this agent.
-        if new_messages.is_empty() && !crate::handoff::takes_over(thread, agent) {
-            return Err(RunError::NoInput);
-        }
-        if let Some(run) = thread
-            .state()
-            .run()
-            .filter(|_| thread.state().run_in_progress())
-        {
-            return Err(RunError::RunInProgress {
-                thread_id: thread.id().to_string(),
-                run_id: run.run_id.clone(),
-            });
-        }
-        let goal = match new_messages.is_empty() {
-            true => crate::handoff::handed_off_goal(thread),
-            false => new_messages
-                .iter()
-                .map(Message::text)
-                .collect::<Vec<_>>()
-                .join("\n"),
+        let opening = RunOpening {
+            agent: agent.to_string(),
+            model: model.to_string(),
+            budget: Budget::default(),
+            definition: None,
         };
-        let mut journal = Journal::start(thread, context, new_id("run"));
-        let span = journal.run_span().to_string();
-        let mut batch = vec![(
-            EventKind::RunStarted {
-                agent: agent.to_string(),
-                model: model.to_string(),
-                goal,
-                constraints: Vec::new(),
-                budget: Budget::default(),
-                definition: None,
-                parent_span_id: None,
-            },
-            span.clone(),
-        )];
-        batch.extend(
-            new_messages
-                .into_iter()
-                .map(|message| (EventKind::UserMessage { message }, span.clone())),
-        );
+        let (mut journal, batch) = open_run(thread, context, opening, new_messages).await?;
         journal.append_batch(batch).await?;
         Ok(Self { journal })
     }
@@ -183,6 +148,69 @@ impl<'a> RunRecorder<'a> {
             RunStatus::Ended { end_state },
         ))
     }
+}
+
+/// What a new run records about its agent in `run_started`.
+pub(crate) struct RunOpening {
+    pub(crate) agent: String,
+    pub(crate) model: String,
+    pub(crate) budget: Budget,
+    pub(crate) definition: Option<Box<keel_core::AgentDefinition>>,
+}
+
+/// Opens a new run on `thread`, for every kind of agent: refuses a thread with a run in
+/// progress, or no new message unless the thread was handed off to this agent, and
+/// returns the journal with the run's first batch (`run_started` and the user messages)
+/// for the caller to append or stage. Nothing is written here.
+pub(crate) async fn open_run<'a>(
+    thread: &'a mut Thread,
+    context: &'a RunContext,
+    opening: RunOpening,
+    new_messages: Vec<Message>,
+) -> Result<(Journal<'a>, Vec<(EventKind, String)>), RunError> {
+    thread.reload_if_diverged(context.store.as_ref()).await?;
+    // No new message: only to take over a conversation handed off to this agent.
+    if new_messages.is_empty() && !crate::handoff::takes_over(thread, &opening.agent) {
+        return Err(RunError::NoInput);
+    }
+    if let Some(run) = thread
+        .state()
+        .run()
+        .filter(|_| thread.state().run_in_progress())
+    {
+        return Err(RunError::RunInProgress {
+            thread_id: thread.id().to_string(),
+            run_id: run.run_id.clone(),
+        });
+    }
+    let goal = match new_messages.is_empty() {
+        true => crate::handoff::handed_off_goal(thread),
+        false => new_messages
+            .iter()
+            .map(Message::text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    let journal = Journal::start(thread, context, new_id("run"));
+    let span = journal.run_span().to_string();
+    let mut batch = vec![(
+        EventKind::RunStarted {
+            agent: opening.agent,
+            model: opening.model,
+            goal,
+            constraints: Vec::new(),
+            budget: opening.budget,
+            definition: opening.definition,
+            parent_span_id: None,
+        },
+        span.clone(),
+    )];
+    batch.extend(
+        new_messages
+            .into_iter()
+            .map(|message| (EventKind::UserMessage { message }, span.clone())),
+    );
+    Ok((journal, batch))
 }
 
 /// The whole run of an agent that answers `new_messages` with `answer` and nothing else:

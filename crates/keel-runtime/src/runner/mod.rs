@@ -9,6 +9,8 @@
 mod model_call;
 mod tools;
 
+pub use model_call::stream_event_record;
+
 use chrono::Utc;
 use keel_core::critic::{CriticInput, Subject};
 use keel_core::decide::Action;
@@ -35,48 +37,13 @@ pub(crate) async fn start(
 ) -> Result<RunOutcome, RunError> {
     thread.reload_if_diverged(ctx.store.as_ref()).await?;
     thread.check_home(&agent.name, None)?;
-    // No new message: only to take over a conversation handed off to this agent.
-    let taking_over = crate::handoff::takes_over(thread, &agent.name);
-    if new_messages.is_empty() && !taking_over {
-        return Err(RunError::NoInput);
-    }
-    if let Some(run) = thread
-        .state()
-        .run()
-        .filter(|_| thread.state().run_in_progress())
-    {
-        return Err(RunError::RunInProgress {
-            thread_id: thread.id().to_string(),
-            run_id: run.run_id.clone(),
-        });
-    }
-    let goal = match new_messages.is_empty() {
-        true => crate::handoff::handed_off_goal(thread),
-        false => new_messages
-            .iter()
-            .map(Message::text)
-            .collect::<Vec<_>>()
-            .join("\n"),
+    let opening = crate::custom::RunOpening {
+        agent: agent.name.clone(),
+        model: agent.model.id(),
+        budget: agent.budget,
+        definition: Some(Box::new(agent.definition.clone())),
     };
-    let mut journal = Journal::start(thread, ctx, new_id("run"));
-    let span = journal.run_span().to_string();
-    let mut batch = vec![(
-        EventKind::RunStarted {
-            agent: agent.name.clone(),
-            model: agent.model.id(),
-            goal,
-            constraints: Vec::new(),
-            budget: agent.budget,
-            definition: Some(Box::new(agent.definition.clone())),
-            parent_span_id: None,
-        },
-        span.clone(),
-    )];
-    batch.extend(
-        new_messages
-            .into_iter()
-            .map(|message| (EventKind::UserMessage { message }, span.clone())),
-    );
+    let (mut journal, batch) = crate::custom::open_run(thread, ctx, opening, new_messages).await?;
     // Nothing leaves the process before the first model call's `ModelRequested`, which
     // carries these events to the store in the same transaction.
     journal.stage(batch);

@@ -352,36 +352,38 @@ async fn stream_answer(
                 for observer in &ctx.observers {
                     observer.on_stream(thread_id, run_id, &event);
                 }
-                match &event {
-                    StreamEvent::Retry {
-                        attempt,
-                        error,
-                        wait_ms,
-                        ..
-                    } => batch.push((
-                        EventKind::Retry {
-                            scope: "model".into(),
-                            attempt: *attempt,
-                            class: error.to_string(),
-                            wait_ms: *wait_ms,
-                            call_id: None,
-                        },
-                        span.to_string(),
-                    )),
-                    StreamEvent::Restart => batch.push((
-                        EventKind::Notice {
-                            code: "stream_restarted".into(),
-                            message: "the model stream restarted; partial output was discarded"
-                                .into(),
-                            data: None,
-                        },
-                        span.to_string(),
-                    )),
-                    _ => {}
+                if let Some(kind) = stream_event_record(&event) {
+                    batch.push((kind, span.to_string()));
                 }
                 assembler.push(&event);
             }
         }
+    }
+}
+
+/// The event a model stream fragment leaves in the log, if any: a provider retry
+/// (`retry`, scope `model`) or a restarted stream (`stream_restarted` notice). Every agent
+/// that streams a model records these, so retries show in traces and stats alike.
+pub fn stream_event_record(event: &StreamEvent) -> Option<EventKind> {
+    match event {
+        StreamEvent::Retry {
+            attempt,
+            error,
+            wait_ms,
+            ..
+        } => Some(EventKind::Retry {
+            scope: "model".into(),
+            attempt: *attempt,
+            class: error.to_string(),
+            wait_ms: *wait_ms,
+            call_id: None,
+        }),
+        StreamEvent::Restart => Some(EventKind::Notice {
+            code: "stream_restarted".into(),
+            message: "the model stream restarted; partial output was discarded".into(),
+            data: None,
+        }),
+        _ => None,
     }
 }
 
