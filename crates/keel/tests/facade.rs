@@ -242,6 +242,10 @@ const CONFIG: &str = r#"
 [store]
 url = "memory:"
 
+# A local address: nothing is called, and test mode (KEEL_TEST_MODE=1) refuses hosted ones.
+[providers.openai]
+base_url = "http://127.0.0.1:9/v1"
+
 [agents.helper]
 instructions = "Help."
 model = "openai:gpt-4.1-mini"
