@@ -242,7 +242,7 @@ impl TelemetryConfig {
                 message: format!("`{}` is not one of never, hourly, daily", self.log.rotation),
             });
         }
-        crate::redact::Redactor::from_config(&self.redaction).map(|_| ())
+        crate::redact::check_config(&self.redaction)
     }
 
     /// The full URL the HTTP exporter posts to, or the gRPC endpoint as configured.

@@ -297,6 +297,35 @@ impl Default for Redactor {
     }
 }
 
+/// Checks a redaction section without compiling it: field names must not be empty and
+/// every custom pattern must parse as a regular expression (with the parser and limits
+/// `regex` itself uses). Compiling is what [`Redactor::from_config`] does; checking a
+/// configuration (`keel config check`, every load) needs only this, at a fraction of the
+/// cost. A pattern that parses but compiles past `regex`'s size limit is still reported,
+/// by `from_config`, with the same field name.
+pub fn check_config(config: &RedactionConfig) -> Result<(), TelemetryError> {
+    if !config.enabled {
+        return Ok(());
+    }
+    for (i, f) in config.fields.iter().enumerate() {
+        if f.trim().is_empty() {
+            return Err(TelemetryError::Config {
+                field: format!("telemetry.redaction.fields[{i}]"),
+                message: "empty field name".into(),
+            });
+        }
+    }
+    for (i, p) in config.patterns.iter().enumerate() {
+        regex_syntax::Parser::new()
+            .parse(p)
+            .map_err(|e| TelemetryError::Config {
+                field: format!("telemetry.redaction.patterns[{i}]"),
+                message: format!("invalid regular expression: {e}"),
+            })?;
+    }
+    Ok(())
+}
+
 impl Redactor {
     /// A redactor that changes nothing.
     pub fn disabled() -> Self {
@@ -313,19 +342,12 @@ impl Redactor {
         if !config.enabled {
             return Ok(Self::disabled());
         }
+        check_config(config)?;
         let mut field_names: Vec<String> = DEFAULT_SECRET_FIELDS
             .iter()
             .map(|s| (*s).to_string())
             .collect();
-        for (i, f) in config.fields.iter().enumerate() {
-            if f.trim().is_empty() {
-                return Err(TelemetryError::Config {
-                    field: format!("telemetry.redaction.fields[{i}]"),
-                    message: "empty field name".into(),
-                });
-            }
-            field_names.push(f.trim().to_string());
-        }
+        field_names.extend(config.fields.iter().map(|f| f.trim().to_string()));
         let mut rules = default_rules()?;
         if !config.fields.is_empty() {
             // Only the field rule depends on the names; the other rules stay shared.

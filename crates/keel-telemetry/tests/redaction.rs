@@ -325,6 +325,63 @@ fn a_bad_configured_pattern_names_its_field() {
     );
 }
 
+/// `TelemetryConfig::validate` (every load, `keel config check`) parses patterns instead of
+/// compiling them; it must accept and refuse exactly what building the redactor does.
+#[test]
+fn checking_a_redaction_section_agrees_with_compiling_it() {
+    let patterns = [
+        "ok",
+        "(",
+        "[z-a]",
+        r"\p{NoSuchClass}",
+        "a{5,2}",
+        "(?<n>a)(?<n>b)",
+        r"(?i)sk-[a-z0-9]{20,}",
+        r"\bkey=\S+",
+        "(?x) a # comment",
+        "a**",
+        r"\",
+        "",
+    ];
+    for pattern in patterns {
+        let cfg = RedactionConfig {
+            patterns: vec![pattern.into()],
+            ..RedactionConfig::default()
+        };
+        let checked = keel_telemetry::redact::check_config(&cfg);
+        let built = Redactor::from_config(&cfg);
+        assert_eq!(
+            checked.is_ok(),
+            built.is_ok(),
+            "pattern {pattern:?}: {checked:?}"
+        );
+        let telemetry = TelemetryConfig {
+            redaction: cfg,
+            ..TelemetryConfig::default()
+        };
+        let validated = telemetry.validate();
+        assert_eq!(validated.is_ok(), built.is_ok(), "pattern {pattern:?}");
+        if let Err(err) = validated {
+            assert!(
+                err.to_string().contains("telemetry.redaction.patterns[0]"),
+                "{err}"
+            );
+        }
+    }
+    let empty_field = TelemetryConfig {
+        redaction: RedactionConfig {
+            fields: vec!["token".into(), "  ".into()],
+            ..RedactionConfig::default()
+        },
+        ..TelemetryConfig::default()
+    };
+    let err = empty_field.validate().unwrap_err();
+    assert!(
+        err.to_string().contains("telemetry.redaction.fields[1]"),
+        "{err}"
+    );
+}
+
 fn contains(hay: &[u8], needle: &str) -> bool {
     hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
