@@ -303,11 +303,7 @@ impl AgentDefinition {
         if let Some(definition) = &analysis.config
             && definition.file.is_some()
         {
-            let reporter = Reporter {
-                text,
-                file,
-                spans: &analysis.spans,
-            };
+            let reporter = Reporter::new(text, file, &analysis.spans);
             diagnostics.push(
                 reporter.at(
                     Severity::Error,

@@ -11,7 +11,7 @@ use std::ops::Range;
 use toml::de::{DeTable, DeValue};
 
 use crate::agent::INNER_PREFIX;
-use crate::diagnostic::{Diagnostic, DiagnosticCode, Severity, line_col, nearest};
+use crate::diagnostic::{Diagnostic, DiagnosticCode, LineIndex, Severity, line_col, nearest};
 use crate::env::{ExpandError, expand};
 use crate::schema::KeelConfig;
 
@@ -116,12 +116,21 @@ pub(crate) struct Analysis<T = KeelConfig> {
 
 /// Builds diagnostics with positions.
 pub(crate) struct Reporter<'a> {
-    pub text: &'a str,
+    pub lines: LineIndex<'a>,
     pub file: &'a str,
     pub spans: &'a SpanIndex,
 }
 
-impl Reporter<'_> {
+impl<'a> Reporter<'a> {
+    /// A reporter for diagnostics in `text` (the file `file`, whose keys are in `spans`).
+    pub(crate) fn new(text: &'a str, file: &'a str, spans: &'a SpanIndex) -> Self {
+        Self {
+            lines: LineIndex::new(text),
+            file,
+            spans,
+        }
+    }
+
     pub(crate) fn at(
         &self,
         severity: Severity,
@@ -133,7 +142,7 @@ impl Reporter<'_> {
         let pos = self
             .spans
             .locate(path, prefer_key)
-            .map(|span| line_col(self.text, span.start));
+            .map(|span| self.lines.line_col(span.start));
         Diagnostic {
             severity,
             code,
@@ -164,10 +173,11 @@ pub(crate) fn analyze_as<T: serde::de::DeserializeOwned>(
     let (spanned, errors) = DeTable::parse_recoverable(text);
     let spans = SpanIndex::build(spanned.get_ref());
     if !errors.is_empty() {
+        let lines = LineIndex::new(text);
         let diagnostics = errors
             .iter()
             .map(|e| {
-                let pos = e.span().map(|s| line_col(text, s.start));
+                let pos = e.span().map(|s| lines.line_col(s.start));
                 Diagnostic {
                     severity: Severity::Error,
                     code: DiagnosticCode::Syntax,
@@ -205,11 +215,7 @@ pub(crate) fn analyze_as<T: serde::de::DeserializeOwned>(
             };
         }
     };
-    let reporter = Reporter {
-        text,
-        file,
-        spans: &spans,
-    };
+    let reporter = Reporter::new(text, file, &spans);
     let mut diagnostics = Vec::new();
     if let Some(env) = env {
         expand_table(&mut root, &mut Vec::new(), env, &reporter, &mut diagnostics);

@@ -64,11 +64,7 @@ pub fn check_str(
         spans,
     } = analyze(text, file, env);
     if let Some(config) = config {
-        let reporter = Reporter {
-            text,
-            file,
-            spans: &spans,
-        };
+        let reporter = Reporter::new(text, file, &spans);
         semantic(&config, &reporter, base_dir, env, &mut diagnostics);
     }
     diagnostics.sort_by_key(|d| (d.line.unwrap_or(usize::MAX), d.column.unwrap_or(0)));

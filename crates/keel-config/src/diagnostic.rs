@@ -109,14 +109,48 @@ pub fn render_json(diagnostics: &[Diagnostic]) -> serde_json::Value {
     })
 }
 
-/// 1-based line and column (in characters) of byte `offset` in `text`.
+/// 1-based line and column (in characters) of byte `offset` in `text`. For more than one
+/// position in the same text, build a [`LineIndex`] once.
 pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = text.get(..offset).unwrap_or(text);
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
-    (line, column)
+    LineIndex::new(text).line_col(offset)
+}
+
+/// Where each line of a text starts, so that positions are found by binary search: a file
+/// with thousands of errors costs a scan, not a scan per error.
+#[derive(Debug)]
+pub struct LineIndex<'a> {
+    text: &'a str,
+    /// Byte offset of the start of every line; the first is 0.
+    starts: Vec<usize>,
+}
+
+impl<'a> LineIndex<'a> {
+    /// Indexes `text`'s lines.
+    pub fn new(text: &'a str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Self { text, starts }
+    }
+
+    /// 1-based line and column (in characters) of byte `offset`: offsets past the end, or
+    /// inside a character, count as the end of the text.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = if self.text.is_char_boundary(offset) {
+            offset
+        } else {
+            self.text.len()
+        };
+        // Lines starting at or before `offset`; at least one, since the first starts at 0.
+        let line = self.starts.partition_point(|&start| start <= offset).max(1);
+        let line_start = self.starts.get(line - 1).copied().unwrap_or(0);
+        let column = self
+            .text
+            .get(line_start..offset)
+            .map_or(0, |s| s.chars().count())
+            + 1;
+        (line, column)
+    }
 }
 
 /// The valid name nearest to `given`, when close enough to be a likely typo.
@@ -133,4 +167,40 @@ pub fn nearest<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -
         .filter(|(c, score)| *score >= 0.5 || c.to_lowercase() == given_lower)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(c, _)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LineIndex;
+
+    /// The definition `LineIndex` must agree with: count the newlines before the offset.
+    fn scan(text: &str, offset: usize) -> (usize, usize) {
+        let before = text.get(..offset.min(text.len())).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+        (line, column)
+    }
+
+    #[test]
+    fn line_index_agrees_with_a_scan_at_every_offset() {
+        for text in [
+            "",
+            "\n",
+            "a",
+            "model = 1\n[agents.x]\nbad = \n",
+            "\n\nx\n",
+            "é\nçà\n\n日本語 = 1",
+            "no newline at the end",
+        ] {
+            let index = LineIndex::new(text);
+            for offset in 0..text.len() + 3 {
+                assert_eq!(
+                    index.line_col(offset),
+                    scan(text, offset),
+                    "{text:?} at {offset}"
+                );
+            }
+        }
+    }
 }

@@ -180,11 +180,7 @@ impl KeelConfig {
         let analysis = analyze(text, file, env);
         let mut diagnostics = analysis.diagnostics;
         if let Some(config) = &analysis.config {
-            let reporter = crate::analyze::Reporter {
-                text,
-                file,
-                spans: &analysis.spans,
-            };
+            let reporter = crate::analyze::Reporter::new(text, file, &analysis.spans);
             semantic(config, &reporter, base_dir, env, &mut diagnostics);
         }
         (analysis.config, diagnostics)

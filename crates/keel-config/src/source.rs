@@ -35,11 +35,7 @@ impl Source {
     pub fn error(&self, code: DiagnosticCode, key: &str, message: impl Into<String>) -> Diagnostic {
         let (spanned, _) = DeTable::parse_recoverable(&self.text);
         let spans = SpanIndex::build(spanned.get_ref());
-        let reporter = Reporter {
-            text: &self.text,
-            file: &self.name,
-            spans: &spans,
-        };
+        let reporter = Reporter::new(&self.text, &self.name, &spans);
         reporter.at(Severity::Error, code, &parse_key(key), true, message.into())
     }
 }
