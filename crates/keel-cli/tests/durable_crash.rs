@@ -37,7 +37,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

@@ -12,7 +12,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

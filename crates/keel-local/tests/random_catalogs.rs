@@ -17,7 +17,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use common::catalogs;
 

@@ -8,7 +8,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

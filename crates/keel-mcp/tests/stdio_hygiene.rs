@@ -9,7 +9,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -34,7 +34,12 @@ async fn stdio_servers_do_not_inherit_keels_environment() {
     const NAME: &str = "stdio_servers_do_not_inherit_keels_environment";
     if std::env::var_os(CHILD_MARKER).is_none() {
         let output = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &test_path(NAME),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_MARKER, "1")
             .env("OPENAI_API_KEY", SECRET)
             .env("KEEL_TEST_PASSTHROUGH", "passed through")
@@ -278,4 +283,13 @@ async fn shutdown_with_a_call_in_flight_stops_the_server_for_good() {
         .unwrap_err();
     assert!(error.message.contains("shut down"), "{error:?}");
     assert_eq!(manager.statuses()[0].restarts, 0);
+}
+
+/// The full libtest name of test `name` of this module (`module::name`), to run it alone
+/// in a copy of this test binary.
+fn test_path(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_crate, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

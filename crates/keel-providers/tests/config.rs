@@ -8,8 +8,6 @@
     missing_docs
 )]
 
-mod common;
-
 use std::collections::HashMap;
 
 use keel_core::ModelRequest;

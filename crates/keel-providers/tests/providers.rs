@@ -10,7 +10,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use common::*;
 use keel_core::model::complete;

@@ -299,7 +299,7 @@ async fn sqlite_acknowledged_appends_survive_sigkill() {
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sqlite_acknowledged_appends_survive_sigkill",
+            &test_path("sqlite_acknowledged_appends_survive_sigkill"),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -375,4 +375,14 @@ async fn crash_child(db: &str) {
     }
     // The tasks never end: the parent kills this process.
     futures::future::join_all(handles).await;
+}
+
+/// The full libtest name of test `name` of this module (`module::name`), to run it alone
+/// in a copy of this test binary.
+#[cfg(unix)]
+fn test_path(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_crate, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
 }

@@ -8,7 +8,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use keel_core::event::ModelFailure;
 use keel_core::{EndState, Event, EventKind, ModelErrorKind, ToolErrorCode};

@@ -8,7 +8,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use keel_core::EndState;
 use keel_telemetry::{TelemetryConfig, TelemetrySink};

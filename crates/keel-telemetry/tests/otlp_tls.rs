@@ -10,7 +10,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -9,7 +9,7 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use keel_core::{EndState, EventKind};
 use keel_telemetry::{RedactionConfig, Redactor, TelemetryConfig, TelemetrySink, build_subscriber};

@@ -9,12 +9,7 @@
     missing_docs
 )]
 
-mod common;
-
-keel_examples! {
-    agent_as_tool => "agent_as_tool.rs",
-    handoff => "handoff.rs",
-}
+use crate::common;
 
 fn bodies(mock: &keel_testkit::mock_llm::MockLlmServer) -> Vec<String> {
     mock.requests().iter().map(|r| r.body.to_string()).collect()

@@ -9,17 +9,10 @@
     missing_docs
 )]
 
-mod common;
+use crate::common;
 
 use keel::core::store::{ThreadFilter, ThreadStatus};
 use keel::core::{EndState, EventKind};
-
-keel_examples! {
-    hello => "hello.rs",
-    typed_tool => "typed_tool.rs",
-    custom_agent => "custom_agent.rs",
-    typed_output => "typed_output.rs",
-}
 
 /// Every request body the mock received, as JSON text.
 fn bodies(mock: &keel_testkit::mock_llm::MockLlmServer) -> Vec<String> {

@@ -9,11 +9,7 @@
     missing_docs
 )]
 
-mod common;
-
-keel_examples! {
-    workflow => "workflow.rs",
-}
+use crate::common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workflow_fans_out_then_summarizes() {

@@ -16,11 +16,11 @@
 //! (This is also why the examples start with `//` comments: `include!` rejects a `//!`
 //! crate doc.)
 //!
-//! Usage in a test file of this crate:
+//! Usage: `tests/integration.rs` (this crate's one test binary) lists every example once,
+//! and its test modules run them:
 //!
 //! ```text
-//! mod common;
-//! keel_examples! { hello => "hello.rs", typed_tool => "typed_tool.rs" }
+//! keel_examples! { hello => "hello.rs", typed_tool => "typed_tool.rs" }   // integration.rs
 //! let run = common::run_example("hello", dir, &[("OPENAI_API_KEY", "sk-test")]).await;
 //! ```
 #![allow(dead_code)]
