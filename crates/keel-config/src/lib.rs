@@ -19,6 +19,7 @@ pub mod check;
 pub mod diagnostic;
 pub mod env;
 pub mod load;
+pub mod located;
 pub mod schema;
 pub mod source;
 pub mod workflow;
@@ -29,6 +30,7 @@ pub use agent::{
 pub use check::{check, check_in, check_str, load_blocking, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
+pub use located::parse_toml_as;
 pub use schema::{
     AgentConfig, ApprovalsConfig, BUILTIN_PROVIDERS, BudgetConfig, ContextSection,
     ContextStrategyName, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig,
