@@ -2,13 +2,5 @@
 //! module of this crate, so a build links one test executable per crate instead of one
 //! per file (what keeps a cold `./scripts/test` fast). A new test file needs a `mod`
 //! line here.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    missing_docs
-)]
-
 mod context_strategies;
 mod decide_props;

@@ -4,12 +4,12 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::indexing_slicing,
-    missing_docs
+    clippy::indexing_slicing
 )]
 
 mod common;
 mod compare_reports;
+mod judge_model;
 mod report_json;
 mod scoring;
 mod stats_values;

@@ -2,14 +2,6 @@
 //! module of this crate, so a build links one test executable per crate instead of one
 //! per file (what keeps a cold `./scripts/test` fast). A new test file needs a `mod`
 //! line here.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    missing_docs
-)]
-
 mod common;
 
 mod agent_run;

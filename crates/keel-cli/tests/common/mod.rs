@@ -1,6 +1,12 @@
 //! Helpers shared by the CLI's integration tests: seeded randomness, killing a child at a
 //! chosen moment, and `keel mock-llm` as a child process.
-#![allow(dead_code, clippy::unwrap_used, clippy::panic)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

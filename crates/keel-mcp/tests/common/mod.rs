@@ -1,6 +1,12 @@
 //! Shared helpers of the keel-mcp integration tests: where the real MCP servers installed
 //! by `./scripts/install-mcp-peers` live, and tool contexts.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,6 +1,12 @@
 //! Shared helpers for the provider tests: a mock server, a model pointed at it with a
 //! virtual clock, and a standard request.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,7 +23,13 @@
 //! keel_examples! { hello => "hello.rs", typed_tool => "typed_tool.rs" }   // integration.rs
 //! let run = common::run_example("hello", dir, &[("OPENAI_API_KEY", "sk-test")]).await;
 //! ```
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::Path;
 use std::process::Stdio;
