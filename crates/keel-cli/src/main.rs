@@ -8,6 +8,7 @@ mod agents;
 mod chat;
 mod cmd_config;
 mod cmd_detective;
+mod cmd_eval;
 mod cmd_mcp;
 mod cmd_mock_llm;
 mod cmd_models;
@@ -104,6 +105,12 @@ enum Command {
         #[command(subcommand)]
         command: cmd_config::ConfigCommand,
     },
+    /// Evaluate an agent: run a suite, compare a report with a baseline
+    /// (see docs/evaluation.md).
+    Eval {
+        #[command(subcommand)]
+        command: cmd_eval::EvalCommand,
+    },
     /// The Detective reference agent's release service.
     Detective {
         #[command(subcommand)]
@@ -193,6 +200,7 @@ fn main() -> ExitCode {
             Command::Models { command } => cmd_models::run(command).await,
             Command::Config { command } => cmd_config::run(command, config_path.as_deref()),
             Command::Detective { command } => cmd_detective::run(command).await,
+            Command::Eval { command } => cmd_eval::run(command).await,
         };
         // Bounded: a stuck exporter or MCP server must not keep the process alive.
         let limit = Duration::from_millis(config::get().telemetry.export_timeout_ms)

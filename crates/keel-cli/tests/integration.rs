@@ -19,6 +19,7 @@ mod detective_cli;
 mod durable_approval;
 mod durable_crash;
 mod durable_workers;
+mod eval_cli;
 mod policy_cli;
 mod providers_e2e;
 mod resume_failed;

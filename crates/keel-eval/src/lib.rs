@@ -3,19 +3,26 @@
 //! dimensions ([`score`]), the statistics of repeated trials ([`stats`]), the JSON report
 //! ([`report`]) and the comparison with a baseline report ([`compare`]).
 //!
-//! This crate performs no I/O and runs no agent: a runner (not built yet) runs each
-//! scenario's trials, reads each trial's events and hands them here.
+//! The [`runner`] runs each scenario's trials against the suite's agent (built through
+//! keel-app, as `keel run` builds it), reads each trial's events back from the store and
+//! scores them; the [`judge`] scores rubrics with an LLM, caching verdicts by content hash.
 
 pub mod compare;
+pub mod judge;
 pub mod report;
+pub mod runner;
 pub mod score;
 pub mod stats;
 pub mod suite;
 pub mod trace;
 
 pub use compare::{Change, Comparison, MetricDelta, compare};
+pub use judge::{DEFAULT_JUDGE_CACHE, ModelJudge};
 pub use report::{
     EvalReport, ReportOptions, ScenarioReport, ScenarioStatus, ScenarioTrials, Trial,
+};
+pub use runner::{
+    DEFAULT_TRIAL_TIMEOUT, EvalError, Progress, ProgressFn, RunOptions, TrialSetup, run_suite,
 };
 pub use score::{
     CheckOutcome, Dimension, DimensionScore, Judge, JudgeError, JudgeVerdict, TrialScore,

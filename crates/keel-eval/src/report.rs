@@ -112,6 +112,9 @@ pub struct TrialReport {
     /// The judge's failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge_error: Option<String>,
+    /// Why the run failed (setup, timeout, store error), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One scenario in the report.
@@ -241,6 +244,7 @@ fn scenario_report(s: &ScenarioTrials, options: &ReportOptions) -> ScenarioRepor
                     .collect(),
                 checks: t.score.checks.clone(),
                 judge_error: t.score.judge_error.clone(),
+                error: t.score.error.clone(),
             })
             .collect(),
     }

@@ -2,8 +2,8 @@
 //! with an outcome and a human-readable reason; a dimension's score is the mean of its
 //! checks' scores (each 0 or 1, a judge's verdict in between), and a dimension without
 //! checks is absent, not 1.0. A trial passes when every present dimension meets its
-//! threshold. The LLM judge that scores rubrics is only a hook here ([`Judge`],
-//! [`apply_judge`]); no implementation exists yet.
+//! threshold. The LLM judge that scores rubrics plugs in through [`Judge`] and
+//! [`apply_judge`] (the model-backed one is [`crate::judge::ModelJudge`]).
 
 use std::collections::BTreeMap;
 
@@ -108,9 +108,19 @@ pub struct TrialScore {
     /// The judge's failure, when it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge_error: Option<String>,
+    /// Why the run itself failed (setup, timeout, store or build error), when it did: the
+    /// trial is then `failed` whatever its checks say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl TrialScore {
+    /// Records that the trial's run failed with `error`: the trial is `failed`.
+    pub fn fail_run(&mut self, error: impl Into<String>, thresholds: &Thresholds) {
+        self.error = Some(error.into());
+        self.finish(thresholds);
+    }
+
     /// The score of `dimension`, when it has checks.
     pub fn score(&self, dimension: Dimension) -> Option<f64> {
         self.dimensions.get(&dimension).map(|d| d.score)
@@ -148,6 +158,8 @@ impl TrialScore {
         }
         self.status = if self.judge_error.is_some() {
             TrialStatus::JudgeError
+        } else if self.error.is_some() {
+            TrialStatus::Failed
         } else if self.dimensions.values().all(|d| d.met) {
             TrialStatus::Passed
         } else {
@@ -170,7 +182,7 @@ pub struct JudgeVerdict {
 #[error("judge failed: {0}")]
 pub struct JudgeError(pub String);
 
-/// Scores a scenario's rubric against a trial (an LLM judge; no implementation yet).
+/// Scores a scenario's rubric against a trial (an LLM judge: [`crate::judge::ModelJudge`]).
 #[async_trait::async_trait]
 pub trait Judge: Send + Sync {
     /// The verdict on `rubric` for `scenario`'s run `trace`.
@@ -232,6 +244,7 @@ pub fn score_scenario(
         dimensions: BTreeMap::new(),
         checks,
         judge_error: None,
+        error: None,
     };
     score.finish(thresholds);
     score

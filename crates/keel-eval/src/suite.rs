@@ -180,7 +180,9 @@ pub struct ValuePredicate {
     pub one_of: Option<Vec<Value>>,
 }
 
-/// `[[scenarios.expect.tool_usage.arguments]]`.
+/// `[[scenarios.expect.tool_usage.arguments]]`. (The predicate's three fields are repeated
+/// here and in [`GroundTruth`] rather than `#[serde(flatten)]`ed from [`ValuePredicate`]:
+/// serde's `flatten` does not work with `deny_unknown_fields`.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArgumentCheck {

@@ -1,0 +1,337 @@
+//! `keel eval run` / `keel eval compare` end to end: a three-scenario, two-trial suite over
+//! the built-in `calculator`, run against `keel mock-llm` scripts (the agent's model and a
+//! scripted judge), checked field by field in report.json; a worse script failing two
+//! scenarios makes `keel eval compare` exit 1 naming them and the dimensions that dropped;
+//! a bad suite exits 2 with file:line:col; an unreachable judge makes trials
+//! `judge_error`, never passed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+use crate::common::MockLlm;
+
+const KEEL_TOML: &str = r#"
+[providers.openai.retry]
+max_attempts = 1
+
+[agents.calc]
+instructions = "Answer arithmetic with the calculator."
+tools = ["calculator"]
+"#;
+
+const SUITE: &str = r#"
+[suite]
+name = "calc"
+agent = "calc"
+trials = 2
+concurrency = 1
+
+[[scenarios]]
+id = "add"
+input = "what is 2+3?"
+[scenarios.expect.tool_usage]
+required = ["calculator"]
+[scenarios.expect.decision_quality]
+required_facts = ["5"]
+[scenarios.expect.robustness]
+end_state = "done"
+
+[[scenarios]]
+id = "mul"
+input = "what is 6*7?"
+[scenarios.expect.tool_usage]
+required = ["calculator"]
+[scenarios.expect.decision_quality]
+required_facts = ["42"]
+[scenarios.expect.robustness]
+end_state = "done"
+
+[[scenarios]]
+id = "greet"
+input = "say hello"
+[scenarios.expect.tool_usage]
+forbidden = ["calculator"]
+[scenarios.expect.decision_quality]
+required_facts = ["hello"]
+rubric = "The answer greets the user."
+"#;
+
+fn calc(expression: &str) -> Value {
+    json!({"tool_calls": [{"name": "calculator", "arguments": {"expression": expression}}]})
+}
+
+fn text(t: &str) -> Value {
+    json!({ "text": t })
+}
+
+/// Turns in run order (concurrency 1: scenario by scenario, trial by trial).
+fn good_script() -> Value {
+    let mut turns = Vec::new();
+    for _ in 0..2 {
+        turns.extend([calc("2+3"), text("2+3 = 5")]);
+    }
+    for _ in 0..2 {
+        turns.extend([calc("6*7"), text("6*7 = 42")]);
+    }
+    for _ in 0..2 {
+        turns.push(text("hello there"));
+    }
+    json!({ "turns": turns })
+}
+
+/// `mul` never states 42; `greet` calls the forbidden calculator.
+fn worse_script() -> Value {
+    let mut turns = Vec::new();
+    for _ in 0..2 {
+        turns.extend([calc("2+3"), text("2+3 = 5")]);
+    }
+    for _ in 0..2 {
+        turns.extend([calc("6*7"), text("I could not work it out.")]);
+    }
+    for _ in 0..2 {
+        turns.extend([calc("1+1"), text("hello there")]);
+    }
+    json!({ "turns": turns })
+}
+
+fn judge_script() -> Value {
+    json!({
+        "turns": [text(r#"{"score": 0.9, "rationale": "it greets the user"}"#)],
+        "when_exhausted": "repeat_last"
+    })
+}
+
+fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keel.toml"), KEEL_TOML).unwrap();
+    std::fs::write(dir.path().join("suite.toml"), SUITE).unwrap();
+    for (name, script) in [
+        ("good.json", good_script()),
+        ("worse.json", worse_script()),
+        ("judge.json", judge_script()),
+    ] {
+        std::fs::write(dir.path().join(name), script.to_string()).unwrap();
+    }
+    dir
+}
+
+fn keel(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(args)
+        .current_dir(dir)
+        .env("KEEL_TEST_MODE", "1")
+        .env("OPENAI_API_KEY", "test-key")
+        .env_remove("KEEL_STORE")
+        .env_remove("KEEL_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `keel eval run suite.toml --model openai:mock --base-url MOCK --out DIR [extra]`.
+fn eval_run(dir: &Path, script: &str, out: &str, extra: &[&str]) -> (Output, Value) {
+    let mock = MockLlm::start(dir, script);
+    let mut args = vec![
+        "eval",
+        "run",
+        "suite.toml",
+        "--model",
+        "openai:mock",
+        "--base-url",
+        &mock.base_url,
+        "--out",
+        out,
+        "--judge-cache",
+        "judge-cache",
+    ];
+    args.extend_from_slice(extra);
+    let output = keel(dir, &args);
+    let report = std::fs::read_to_string(dir.join(out).join("report.json"))
+        .unwrap_or_else(|e| panic!("no report ({e}):\n{}", show(&output)));
+    (output, serde_json::from_str(&report).unwrap())
+}
+
+fn scenario<'a>(report: &'a Value, id: &str) -> &'a Value {
+    report["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap()
+}
+
+fn close(value: &Value, expected: f64) -> bool {
+    (value.as_f64().unwrap() - expected).abs() < 1e-9
+}
+
+#[test]
+fn eval_run_scores_the_suite_with_a_scripted_judge_and_compare_gates_regressions() {
+    let dir = setup();
+    let path = dir.path();
+    let judge = MockLlm::start(path, "judge.json");
+    let (output, good) = eval_run(
+        path,
+        "good.json",
+        "good",
+        &[
+            "--judge-model",
+            "openai:judge",
+            "--judge-base-url",
+            &judge.base_url,
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("report: good/report.json"), "{stdout}");
+    assert!(stdout.contains("3 scenarios: 3 passed"), "{stdout}");
+
+    // The JSON shape and the hand-computed scores.
+    assert_eq!(good["suite"], "calc");
+    assert_eq!(good["summary"]["total_scenarios"], 3);
+    assert_eq!(good["summary"]["passed"], 3);
+    assert!(close(&good["summary"]["pass_rate"], 1.0));
+    // decision quality: add 1, mul 1, greet (fact 1 + judge 0.9) / 2 = 0.95.
+    assert!(close(
+        &good["summary"]["avg_scores"]["decision_quality"],
+        (1.0 + 1.0 + 0.95) / 3.0
+    ));
+    assert!(close(&good["summary"]["avg_scores"]["tool_usage"], 1.0));
+    assert!(close(&good["summary"]["avg_scores"]["robustness"], 1.0));
+    for id in ["add", "mul"] {
+        let s = scenario(&good, id);
+        assert_eq!(s["status"], "passed", "{s}");
+        assert_eq!(s["trials_run"], 2);
+        assert_eq!(s["trials_passed"], 2);
+        assert_eq!(s["k"], 2);
+        assert!(close(&s["pass_at_k"], 1.0));
+        for d in ["tool_usage", "decision_quality", "robustness"] {
+            assert!(close(&s["scores"][d], 1.0), "{id} {d}: {s}");
+        }
+    }
+    let greet = scenario(&good, "greet");
+    assert_eq!(greet["status"], "passed", "{greet}");
+    assert!(close(&greet["scores"]["decision_quality"], 0.95), "{greet}");
+    assert!(greet["scores"].get("robustness").is_none(), "{greet}");
+    for trial in greet["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "passed");
+        assert!(
+            trial["thread_id"]
+                .as_str()
+                .unwrap()
+                .starts_with("eval-greet-")
+        );
+        let rubric = trial["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "rubric")
+            .unwrap();
+        assert!(close(&rubric["score"], 0.9), "{rubric}");
+        assert!(
+            rubric["reason"]
+                .as_str()
+                .unwrap()
+                .contains("it greets the user")
+        );
+    }
+    // Both greet trials gave the same answer: the second verdict came from the cache.
+    assert_eq!(
+        std::fs::read_dir(path.join("judge-cache")).unwrap().count(),
+        1
+    );
+
+    // A worse model: mul and greet fail.
+    let (output, _) = eval_run(path, "worse.json", "worse", &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+
+    let compare = keel(
+        path,
+        &["eval", "compare", "worse/report.json", "good/report.json"],
+    );
+    assert_eq!(compare.status.code(), Some(1), "{}", show(&compare));
+    let stdout = String::from_utf8_lossy(&compare.stdout);
+    let regressions: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("REGRESSION "))
+        .collect();
+    assert!(
+        regressions
+            .iter()
+            .any(|l| l.starts_with("REGRESSION mul decision_quality:")),
+        "{stdout}"
+    );
+    assert!(
+        regressions
+            .iter()
+            .any(|l| l.starts_with("REGRESSION greet tool_usage:")),
+        "{stdout}"
+    );
+    assert!(
+        regressions
+            .iter()
+            .all(|l| l.contains(" mul ") || l.contains(" greet ")),
+        "{stdout}"
+    );
+
+    // A report compared with itself: no regression.
+    let same = keel(
+        path,
+        &["eval", "compare", "good/report.json", "good/report.json"],
+    );
+    assert_eq!(same.status.code(), Some(0), "{}", show(&same));
+    assert!(String::from_utf8_lossy(&same.stdout).contains("no significant regression"));
+}
+
+#[test]
+fn an_unreachable_judge_makes_trials_judge_error_never_passed() {
+    let dir = setup();
+    let path = dir.path();
+    let (output, report) = eval_run(
+        path,
+        "good.json",
+        "out",
+        &[
+            "--judge-model",
+            "openai:judge",
+            "--judge-base-url",
+            "http://127.0.0.1:1",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+    let greet = scenario(&report, "greet");
+    assert_eq!(greet["status"], "judge_error", "{greet}");
+    assert_eq!(greet["trials_passed"], 0);
+    for trial in greet["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "judge_error");
+        let error = trial["judge_error"].as_str().unwrap();
+        assert!(error.contains("could not be reached"), "{error}");
+    }
+    assert_eq!(report["summary"]["judge_errors"], 1);
+    // Scenarios without a rubric are unaffected.
+    assert_eq!(scenario(&report, "add")["status"], "passed");
+}
+
+#[test]
+fn a_suite_with_an_unknown_key_exits_2_with_its_position() {
+    let dir = setup();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[suite]\nname = \"x\"\nagent = \"calc\"\ntrails = 2\n\n[[scenarios]]\nid = \"a\"\ninput = \"hi\"\n",
+    )
+    .unwrap();
+    let output = keel(dir.path(), &["eval", "run", "bad.toml"]);
+    assert_eq!(output.status.code(), Some(2), "{}", show(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.toml:4:1"), "{stderr}");
+    assert!(stderr.contains("trials"), "{stderr}");
+}
