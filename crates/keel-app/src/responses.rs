@@ -161,7 +161,7 @@ fn text_only(message: &Message) -> Option<Message> {
         .filter(|part| matches!(part, Part::Text { text } if !text.is_empty()))
         .cloned()
         .collect();
-    (!parts.is_empty()).then(|| Message {
+    (!parts.is_empty()).then_some(Message {
         role: message.role,
         parts,
     })
