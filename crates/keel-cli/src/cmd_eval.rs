@@ -1,7 +1,8 @@
-//! `keel eval`: run an evaluation suite (`run`) and compare a report with a baseline
-//! (`compare`). A thin layer over keel-eval: parsing, running, scoring, judging and
-//! comparing live there; this file reads flags, shows progress, writes `report.json` and
-//! prints the tables. See docs/evaluation.md.
+//! `keel eval`: run an evaluation suite (`run`), compare a report with a baseline
+//! (`compare`), list saved baselines (`baselines`) and runs (`runs`). A thin layer over
+//! keel-eval: parsing, running, scoring, judging, comparing and saving live there; this
+//! file reads flags, shows progress, writes `report.json` / `report.html` and prints the
+//! tables. See docs/evaluation.md.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,9 +21,38 @@ pub enum EvalCommand {
     /// Run a suite file: every scenario × trial against its agent; writes report.json and
     /// exits 0 when every scenario passed, 1 otherwise (2: the suite or flags are invalid).
     Run(EvalRunArgs),
-    /// Compare a report with a baseline report: prints every change and exits 1 on a
-    /// significant regression.
+    /// Compare a report with a baseline: prints every change and exits 1 on a
+    /// significant regression. Each side is a report.json file, a saved run id or a
+    /// baseline name.
     Compare(EvalCompareArgs),
+    /// List the baselines saved in the store (`keel eval run --save-baseline NAME`).
+    Baselines(EvalListArgs),
+    /// List the eval runs saved in the store, newest first.
+    Runs(EvalRunsArgs),
+}
+
+/// Flags of `keel eval baselines`.
+#[derive(Debug, clap::Args)]
+pub struct EvalListArgs {
+    /// The store (default: KEEL_STORE, else keel.toml [store] url, else
+    /// sqlite://.keel/keel.db).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+}
+
+/// Flags of `keel eval runs`.
+#[derive(Debug, clap::Args)]
+pub struct EvalRunsArgs {
+    /// Only runs of this suite.
+    #[arg(long, value_name = "NAME")]
+    pub suite: Option<String>,
+    /// At most this many runs.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub limit: usize,
+    /// The store (default: KEEL_STORE, else keel.toml [store] url, else
+    /// sqlite://.keel/keel.db).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 /// Flags of `keel eval run`.
@@ -49,37 +79,67 @@ pub struct EvalRunArgs {
     /// Cache judge verdicts here (default .keel/eval/judge-cache).
     #[arg(long, value_name = "DIR")]
     pub judge_cache: Option<PathBuf>,
-    /// Where to write report.json (default .keel/eval/<suite>-<timestamp>).
+    /// Where to write report.json and report.html (default
+    /// .keel/eval/<suite>-<timestamp>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Link each trial in report.html to this URL, `{trace_id}` and `{thread_id}` replaced
+    /// (e.g. a trace viewer's address).
+    #[arg(long, value_name = "URL")]
+    pub trace_url: Option<String>,
     /// Per-trial timeout in seconds (default 600).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
-    /// The event store the trials' threads go to (default: KEEL_STORE, else keel.toml
-    /// [store] url, else sqlite://.keel/keel.db).
+    /// The event store the trials' threads go to, where the run is saved (default:
+    /// KEEL_STORE, else keel.toml [store] url, else sqlite://.keel/keel.db).
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// Save this run as baseline NAME in the store (moving NAME if it exists).
+    #[arg(long, value_name = "NAME")]
+    pub save_baseline: Option<String>,
+    /// Compare this run with baseline NAME from the store: the report carries the
+    /// comparison and the exit code is 1 on a significant regression.
+    #[arg(long, value_name = "NAME")]
+    pub baseline: Option<String>,
+    /// With --baseline: a drop larger than this (absolute, 0..1) is a regression.
+    #[arg(
+        long,
+        value_name = "DELTA",
+        default_value_t = 0.05,
+        requires = "baseline"
+    )]
+    pub threshold: f64,
 }
 
 /// Flags of `keel eval compare`.
 #[derive(Debug, clap::Args)]
 pub struct EvalCompareArgs {
-    /// The new report (report.json).
+    /// The new report: a report.json file, a saved run id (`keel eval runs`) or a
+    /// baseline name (`keel eval baselines`).
     #[arg(value_name = "CURRENT")]
-    pub current: PathBuf,
-    /// The baseline report.
+    pub current: String,
+    /// The baseline: a report.json file, a saved run id or a baseline name.
     #[arg(value_name = "BASELINE")]
-    pub baseline: PathBuf,
+    pub baseline: String,
     /// A drop larger than this (absolute, 0..1) is a regression.
     #[arg(long, value_name = "DELTA", default_value_t = 0.05)]
     pub threshold: f64,
+    /// Also write the current report with the comparison attached, as HTML, to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// The store holding saved runs and baselines (default: KEEL_STORE, else keel.toml
+    /// [store] url, else sqlite://.keel/keel.db).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 /// Runs `keel eval ...`.
 pub async fn run(command: EvalCommand) -> Result<u8, CliError> {
     match command {
         EvalCommand::Run(args) => eval_run(args).await,
-        EvalCommand::Compare(args) => eval_compare(&args),
+        EvalCommand::Compare(args) => eval_compare(&args).await,
+        EvalCommand::Baselines(args) => eval_baselines(&args).await,
+        EvalCommand::Runs(args) => eval_runs(&args).await,
     }
 }
 
@@ -96,6 +156,27 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
     if args.trials == Some(0) {
         return Err(CliError::usage("--trials must be at least 1"));
     }
+    check_threshold(args.threshold)?;
+    if let Some(name) = &args.save_baseline {
+        keel_store::eval_results::check_baseline_name(name)
+            .map_err(|e| CliError::usage(format!("--save-baseline: {e}")))?;
+    }
+    // The baseline is read before the run, so a typo costs nothing.
+    let baseline = match &args.baseline {
+        Some(name) => {
+            let results = open_results(args.store.as_deref()).await?;
+            match keel_eval::load_baseline(results.as_ref(), name).await {
+                Ok(Some((run, report))) => Some((name.clone(), run, report)),
+                Ok(None) => {
+                    return Err(CliError::usage(format!(
+                        "--baseline: no baseline named `{name}` in the store (keel eval baselines lists them; save one with --save-baseline {name})"
+                    )));
+                }
+                Err(e) => return Err(CliError::failure(e.to_string())),
+            }
+        }
+        None => None,
+    };
     let judge = match &args.judge_model {
         Some(spec) => {
             let model = keel_app::model::build_model(
@@ -141,7 +222,12 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
     };
     let result = keel_eval::run_suite(app(), &suite, &options).await;
     bar.finish_and_clear();
-    let report = result.map_err(eval_error)?;
+    let mut report = result.map_err(eval_error)?;
+    let comparison = baseline.as_ref().map(|(_, _, baseline)| {
+        let comparison = keel_eval::compare(&report, baseline, args.threshold);
+        report.attach(&comparison);
+        comparison
+    });
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(".keel/eval").join(format!(
             "{}-{}",
@@ -149,14 +235,72 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
             chrono::Utc::now().format("%Y%m%d-%H%M%S")
         ))
     });
-    let path = write_report(&out, &report)?;
+    let html_options = keel_eval::HtmlOptions {
+        trace_url: args.trace_url.clone(),
+        subtitle: Some(run_subtitle(&args, trials)),
+    };
+    let (json_path, html_path) = write_report(&out, &report, &html_options)?;
     print_summary(&report);
-    println!("report: {}", path.display());
+    println!("report: {}", json_path.display());
+    println!("html:   {}", html_path.display());
+    save_run(&args, &report).await?;
     let all_passed = report
         .scenarios
         .iter()
         .all(|s| s.status == ScenarioStatus::Passed);
-    Ok(if all_passed { 0 } else { 1 })
+    let regressed = match (&comparison, &baseline) {
+        (Some(comparison), Some((name, run, _))) => {
+            println!("compared with baseline {name} (eval run {run}):");
+            print_comparison(comparison);
+            comparison.is_regression()
+        }
+        _ => false,
+    };
+    Ok(if all_passed && !regressed { 0 } else { 1 })
+}
+
+/// Saves the run in the store (and as baseline `--save-baseline`), saying where.
+async fn save_run(args: &EvalRunArgs, report: &EvalReport) -> Result<(), CliError> {
+    let results = open_results(args.store.as_deref()).await?;
+    let run = keel_eval::save_report(results.as_ref(), report, args.model.as_deref())
+        .await
+        .map_err(|e| CliError::failure(format!("cannot save the run in the store: {e}")))?;
+    println!(
+        "saved:  eval run {run} ({})",
+        store_label(args.store.as_deref())
+    );
+    if let Some(name) = &args.save_baseline {
+        results
+            .save_baseline(name, &run)
+            .await
+            .map_err(|e| CliError::failure(format!("cannot save baseline {name}: {e}")))?;
+        println!("baseline {name} -> eval run {run}");
+    }
+    Ok(())
+}
+
+/// The eval results of the store `flag` (or the configured one) chooses.
+async fn open_results(
+    flag: Option<&str>,
+) -> Result<Arc<dyn keel_store::EvalResultStore>, CliError> {
+    Ok(app()
+        .open_store(flag)
+        .await
+        .map_err(app_error)?
+        .eval_results)
+}
+
+/// The store's URL for messages (password hidden).
+fn store_label(flag: Option<&str>) -> String {
+    keel_app::store::display_url(&app().store_url(flag).0)
+}
+
+fn check_threshold(threshold: f64) -> Result<(), CliError> {
+    if (0.0..=1.0).contains(&threshold) {
+        Ok(())
+    } else {
+        Err(CliError::usage("--threshold must be between 0 and 1"))
+    }
 }
 
 fn eval_error(error: EvalError) -> CliError {
@@ -166,15 +310,38 @@ fn eval_error(error: EvalError) -> CliError {
     }
 }
 
-fn write_report(dir: &Path, report: &EvalReport) -> Result<PathBuf, CliError> {
+/// The HTML report's line under the title: when, how many trials, which model.
+fn run_subtitle(args: &EvalRunArgs, trials: u32) -> String {
+    let model = args
+        .model
+        .as_deref()
+        .map_or(String::from("the suite's model"), |m| format!("model {m}"));
+    format!(
+        "{} · {trials} trial(s) per scenario · {model}",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    )
+}
+
+/// Writes report.json and report.html into `dir`; returns both paths.
+fn write_report(
+    dir: &Path,
+    report: &EvalReport,
+    html: &keel_eval::HtmlOptions,
+) -> Result<(PathBuf, PathBuf), CliError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| CliError::failure(format!("cannot create {}: {e}", dir.display())))?;
-    let path = dir.join("report.json");
+    let json_path = dir.join("report.json");
     let json = serde_json::to_string_pretty(report)
         .map_err(|e| CliError::failure(format!("cannot serialize the report: {e}")))?;
-    std::fs::write(&path, json)
-        .map_err(|e| CliError::failure(format!("cannot write {}: {e}", path.display())))?;
-    Ok(path)
+    write_file(&json_path, &json)?;
+    let html_path = dir.join("report.html");
+    write_file(&html_path, &keel_eval::render_html(report, html))?;
+    Ok((json_path, html_path))
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), CliError> {
+    std::fs::write(path, text)
+        .map_err(|e| CliError::failure(format!("cannot write {}: {e}", path.display())))
 }
 
 fn status_str(status: ScenarioStatus) -> &'static str {
@@ -250,14 +417,118 @@ fn read_report(path: &Path) -> Result<EvalReport, CliError> {
     })
 }
 
-fn eval_compare(args: &EvalCompareArgs) -> Result<u8, CliError> {
-    if !(0.0..=1.0).contains(&args.threshold) {
-        return Err(CliError::usage("--threshold must be between 0 and 1"));
+/// A report named on the command line: an existing file, else a saved run id, else a
+/// baseline name.
+async fn resolve_report(
+    which: &str,
+    given: &str,
+    store: Option<&str>,
+) -> Result<EvalReport, CliError> {
+    let path = Path::new(given);
+    if path.is_file() {
+        return read_report(path);
     }
-    let current = read_report(&args.current)?;
-    let baseline = read_report(&args.baseline)?;
+    let results = open_results(store).await?;
+    if let Ok(id) = given.parse::<keel_store::EvalRunId>() {
+        return match keel_eval::load_run(results.as_ref(), id).await {
+            Ok(Some(report)) => Ok(report),
+            Ok(None) => Err(CliError::usage(format!(
+                "{which} `{given}`: no such file, and no eval run {id} in {} (keel eval runs lists them)",
+                store_label(store)
+            ))),
+            Err(e) => Err(CliError::failure(e.to_string())),
+        };
+    }
+    match keel_eval::load_baseline(results.as_ref(), given).await {
+        Ok(Some((_, report))) => Ok(report),
+        Ok(None) => Err(CliError::usage(format!(
+            "{which} `{given}` is not a file, a saved run id or a baseline name in {} (keel eval baselines lists them)",
+            store_label(store)
+        ))),
+        Err(e) => Err(CliError::failure(e.to_string())),
+    }
+}
+
+async fn eval_baselines(args: &EvalListArgs) -> Result<u8, CliError> {
+    let results = open_results(args.store.as_deref()).await?;
+    let baselines = results
+        .baselines()
+        .await
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    if baselines.is_empty() {
+        println!(
+            "no baselines in {} (save one: keel eval run SUITE --save-baseline NAME)",
+            store_label(args.store.as_deref())
+        );
+        return Ok(0);
+    }
+    println!(
+        "{:<20}  {:>6}  {:<16}  {:<24}  {:>9}  {:>9}  saved",
+        "baseline", "run", "suite", "model", "pass rate", "scenarios"
+    );
+    for b in &baselines {
+        println!(
+            "{:<20}  {:>6}  {:<16}  {:<24}  {:>9.2}  {:>9}  {}",
+            b.name,
+            b.run_id,
+            b.suite,
+            b.model.as_deref().unwrap_or("-"),
+            b.pass_rate,
+            b.total_scenarios,
+            b.updated_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
+    Ok(0)
+}
+
+async fn eval_runs(args: &EvalRunsArgs) -> Result<u8, CliError> {
+    let results = open_results(args.store.as_deref()).await?;
+    let runs = results
+        .list_runs(args.suite.as_deref(), args.limit)
+        .await
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    if runs.is_empty() {
+        println!("no eval runs in {}", store_label(args.store.as_deref()));
+        return Ok(0);
+    }
+    println!(
+        "{:>6}  {:<16}  {:<24}  {:>9}  {:>9}  {:>6}  saved",
+        "run", "suite", "model", "pass rate", "scenarios", "trials"
+    );
+    for r in &runs {
+        println!(
+            "{:>6}  {:<16}  {:<24}  {:>9.2}  {:>9}  {:>6}  {}",
+            r.id,
+            r.suite,
+            r.model.as_deref().unwrap_or("-"),
+            r.pass_rate,
+            r.total_scenarios,
+            r.threads.len(),
+            r.created_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
+    Ok(0)
+}
+
+async fn eval_compare(args: &EvalCompareArgs) -> Result<u8, CliError> {
+    check_threshold(args.threshold)?;
+    let store = args.store.as_deref();
+    let mut current = resolve_report("CURRENT", &args.current, store).await?;
+    let baseline = resolve_report("BASELINE", &args.baseline, store).await?;
     let comparison = keel_eval::compare(&current, &baseline, args.threshold);
     print_comparison(&comparison);
+    if let Some(path) = &args.html {
+        current.attach(&comparison);
+        let options = keel_eval::HtmlOptions {
+            trace_url: None,
+            subtitle: Some(format!(
+                "{} compared with baseline {}",
+                args.current, args.baseline
+            )),
+        };
+        write_file(path, &keel_eval::render_html(&current, &options))?;
+        println!("html: {}", path.display());
+    }
     Ok(if comparison.is_regression() { 1 } else { 0 })
 }
 

@@ -3,7 +3,8 @@
 //! scripted judge), checked field by field in report.json; a worse script failing two
 //! scenarios makes `keel eval compare` exit 1 naming them and the dimensions that dropped;
 //! a bad suite exits 2 with file:line:col; an unreachable judge makes trials
-//! `judge_error`, never passed.
+//! `judge_error`, never passed; report.html and the comparison's HTML open in headless
+//! Chromium without console errors and show every scenario.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -334,4 +335,177 @@ fn a_suite_with_an_unknown_key_exits_2_with_its_position() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("bad.toml:4:1"), "{stderr}");
     assert!(stderr.contains("trials"), "{stderr}");
+}
+
+/// What a page shows of the report, read in the browser: every scenario section's id and
+/// status, the grid's trial squares, and whether the baseline chart is drawn.
+const PAGE_SUMMARY: &str = r#"
+return {
+  sections: Array.from(document.querySelectorAll('section.scenario'))
+    .map(function (s) { return [s.dataset.scenario, s.dataset.status]; }),
+  cells: document.querySelectorAll('#trial-grid rect.trial-cell').length,
+  baseline: document.querySelectorAll('#baseline-chart rect').length,
+  passRate: document.getElementById('pass-rate').textContent,
+  title: document.title
+};
+"#;
+
+#[test]
+fn the_html_reports_render_in_headless_chromium_without_console_errors() {
+    let dir = setup();
+    let path = dir.path();
+    let (output, _) = eval_run(path, "good.json", "good", &[]);
+    // Without a judge the rubric is unscored; greet still passes on its fact and tools.
+    assert!(output.status.code().is_some(), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("html:   good/report.html"), "{stdout}");
+    let (output, _) = eval_run(path, "worse.json", "worse", &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+    let compare = keel(
+        path,
+        &[
+            "eval",
+            "compare",
+            "worse/report.json",
+            "good/report.json",
+            "--html",
+            "compare.html",
+        ],
+    );
+    assert_eq!(compare.status.code(), Some(1), "{}", show(&compare));
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let browser = keel_testkit::browser::Browser::launch().await.unwrap();
+        // The console check can fail: a page that throws is seen as an error.
+        std::fs::write(
+            path.join("throws.html"),
+            "<!DOCTYPE html><title>t</title><script>throw new Error('boom')</script>",
+        )
+        .unwrap();
+        browser.open_file(&path.join("throws.html")).await.unwrap();
+        let errors = browser.console_errors().await.unwrap();
+        assert!(errors.iter().any(|e| e.contains("boom")), "{errors:?}");
+
+        browser
+            .open_file(&path.join("good/report.html"))
+            .await
+            .unwrap();
+        let page = browser.execute(PAGE_SUMMARY, vec![]).await.unwrap();
+        assert_eq!(
+            page["sections"],
+            json!([["add", "passed"], ["mul", "passed"], ["greet", "passed"]]),
+            "{page}"
+        );
+        assert_eq!(page["cells"], 6, "{page}");
+        assert_eq!(page["baseline"], 0, "{page}");
+        assert_eq!(page["passRate"], "100%", "{page}");
+        assert_eq!(page["title"], "keel eval — calc", "{page}");
+        let errors = browser.console_errors().await.unwrap();
+        assert!(errors.is_empty(), "console errors: {errors:?}");
+
+        // The comparison: the two failing scenarios' drops are drawn, and the filter hides
+        // the scenario that still passes.
+        browser.open_file(&path.join("compare.html")).await.unwrap();
+        let page = browser.execute(PAGE_SUMMARY, vec![]).await.unwrap();
+        assert_eq!(
+            page["sections"],
+            json!([["add", "passed"], ["mul", "failed"], ["greet", "failed"]]),
+            "{page}"
+        );
+        assert!(page["baseline"].as_u64().unwrap() >= 2, "{page}");
+        let hidden = browser
+            .execute(
+                "var box = document.getElementById('only-failing'); box.click();
+                 return Array.from(document.querySelectorAll('section.scenario.hidden'))
+                   .map(function (s) { return s.dataset.scenario; });",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(hidden, json!(["add"]));
+        let errors = browser.console_errors().await.unwrap();
+        assert!(errors.is_empty(), "console errors: {errors:?}");
+        browser.close().await;
+    });
+}
+
+#[test]
+fn baselines_live_in_the_store_and_gate_a_worse_run() {
+    let dir = setup();
+    let path = dir.path();
+    let (output, _) = eval_run(path, "good.json", "good", &["--save-baseline", "main"]);
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(stdout.contains("saved:  eval run 1 ("), "{}", show(&output));
+    assert!(stdout.contains("baseline main -> eval run 1"), "{stdout}");
+
+    let listed = keel(path, &["eval", "baselines"]);
+    assert_eq!(listed.status.code(), Some(0), "{}", show(&listed));
+    let table = String::from_utf8_lossy(&listed.stdout);
+    let row = table.lines().find(|l| l.starts_with("main ")).unwrap();
+    assert!(
+        row.contains(" calc ") && row.contains("openai:mock"),
+        "{table}"
+    );
+
+    // The worse model against the stored baseline: exit 1, both scenarios named with the
+    // dimension that dropped, and the report carries the comparison.
+    let (output, report) = eval_run(path, "worse.json", "worse", &["--baseline", "main"]);
+    assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("compared with baseline main (eval run 1):"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("REGRESSION mul decision_quality:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("REGRESSION greet tool_usage:"), "{stdout}");
+    assert!(!stdout.contains("REGRESSION add "), "{stdout}");
+    let regressions = report["regression_analysis"]["regressions"]
+        .as_array()
+        .unwrap();
+    assert!(
+        regressions
+            .iter()
+            .any(|r| r["scenario"] == "mul" && r["significant"] == true),
+        "{regressions:?}"
+    );
+    let html = std::fs::read_to_string(path.join("worse/report.html")).unwrap();
+    assert!(html.contains("id=\"baseline-chart\""));
+
+    // Saved runs are addressed by id or baseline name.
+    let compare = keel(path, &["eval", "compare", "2", "main"]);
+    assert_eq!(compare.status.code(), Some(1), "{}", show(&compare));
+    assert!(String::from_utf8_lossy(&compare.stdout).contains("REGRESSION mul "));
+    let same = keel(path, &["eval", "compare", "1", "main"]);
+    assert_eq!(same.status.code(), Some(0), "{}", show(&same));
+    let runs = keel(path, &["eval", "runs"]);
+    let runs = String::from_utf8_lossy(&runs.stdout);
+    let ids: Vec<&str> = runs
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(ids, ["2", "1"], "{runs}");
+
+    // Mistakes name the fix.
+    let missing = keel(path, &["eval", "compare", "2", "nightly"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", show(&missing));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("keel eval baselines lists them"),
+        "{}",
+        show(&missing)
+    );
+    let bad = keel(
+        path,
+        &["eval", "run", "suite.toml", "--baseline", "nightly"],
+    );
+    assert_eq!(bad.status.code(), Some(2), "{}", show(&bad));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("no baseline named `nightly`"),
+        "{}",
+        show(&bad)
+    );
 }

@@ -9,6 +9,7 @@
 
 mod common;
 mod compare_reports;
+mod html_report;
 mod judge_model;
 mod report_json;
 mod scoring;

@@ -2,7 +2,9 @@
 //! `.keel/keel.db`), [`PostgresStore`] (several processes sharing one database) and
 //! keel-core's `MemoryStore`, all implementing [`keel_core::EventStore`] and all held to one
 //! [`conformance`] suite. The SQL stores are also [`RunQueue`]s: runs leased to scale-out
-//! workers with expiry, renewal and fencing tokens.
+//! workers with expiry, renewal and fencing tokens, and [`EvalResultStore`]s: `keel eval`
+//! runs (reports kept as opaque JSON, linked to their trials' thread and trace ids) and
+//! named baselines ([`eval_results`]).
 //!
 //! This crate stores and loads events; it must not interpret them beyond the thread
 //! summary (agent, status, counts, times), drive runs, or know about models and tools.
@@ -38,6 +40,7 @@
 //! - Schemas are embedded migrations (`migrations/sqlite`, `migrations/postgres`) applied
 //!   on open.
 
+mod migrations;
 mod open;
 mod postgres;
 mod postgres_writer;
@@ -47,8 +50,13 @@ mod sqlite_reader;
 mod sqlite_writer;
 
 pub mod conformance;
+pub mod eval_results;
 pub mod queue;
 
+pub use eval_results::{
+    BaselineInfo, EvalResultStore, EvalRunId, EvalRunInfo, EvalStoreError, EvalThreadLink,
+    MemoryEvalResultStore, NewEvalRun, StoredEvalRun,
+};
 pub use keel_core::MemoryStore;
 pub use keel_core::store::{
     AppendDurability, EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary,

@@ -1,7 +1,8 @@
 //! [`open`] / [`open_store`]: pick a store from a URL (the `--store` flag, `keel.toml`).
 //!
 //! Accepted forms:
-//! - `memory:` — in this process only ([`keel_core::MemoryStore`] and [`MemoryRunQueue`]);
+//! - `memory:` — in this process only ([`keel_core::MemoryStore`], [`MemoryRunQueue`] and
+//!   [`MemoryEvalResultStore`]);
 //! - `sqlite://PATH`, `sqlite:PATH` or a plain path — [`SqliteStore`]
 //!   (`sqlite:///abs/path` is absolute; add `?synchronous=full` for fsync per commit);
 //! - `postgres://...` / `postgresql://...` — [`PostgresStore`].
@@ -11,17 +12,21 @@ use std::sync::Arc;
 use keel_core::MemoryStore;
 use keel_core::store::{EventStore, StoreError};
 
+use crate::eval_results::{EvalResultStore, MemoryEvalResultStore};
 use crate::postgres::PostgresStore;
 use crate::queue::{MemoryRunQueue, RunQueue};
 use crate::sqlite::{Durability, SqliteOptions, SqliteStore};
 
-/// A store opened from a URL: its event log and its run queue (sharing one pool).
+/// A store opened from a URL: its event log, its run queue and its eval results (sharing
+/// one database and pool).
 #[derive(Clone)]
 pub struct OpenedStore {
     /// The event log.
     pub events: Arc<dyn EventStore>,
     /// The run queue of the same backend.
     pub queue: Arc<dyn RunQueue>,
+    /// Eval runs and baselines of the same backend.
+    pub eval_results: Arc<dyn EvalResultStore>,
     /// `memory`, `sqlite` or `postgres`.
     pub backend: &'static str,
 }
@@ -44,7 +49,7 @@ pub async fn open_run_queue(url: &str) -> Result<Arc<dyn RunQueue>, StoreError> 
     Ok(open(url).await?.queue)
 }
 
-/// Opens both the event store and the run queue named by `url`.
+/// Opens the event store, run queue and eval-result store named by `url`.
 pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
     let url = url.trim();
     if url.is_empty() {
@@ -56,6 +61,7 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
         return Ok(OpenedStore {
             events: Arc::new(MemoryStore::new()),
             queue: Arc::new(MemoryRunQueue::new()),
+            eval_results: Arc::new(MemoryEvalResultStore::new()),
             backend: "memory",
         });
     }
@@ -63,7 +69,8 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
         let store = PostgresStore::connect(url).await?;
         return Ok(OpenedStore {
             events: Arc::new(store.clone()),
-            queue: Arc::new(store),
+            queue: Arc::new(store.clone()),
+            eval_results: Arc::new(store),
             backend: "postgres",
         });
     }
@@ -71,7 +78,8 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
     let store = SqliteStore::open_with(options).await?;
     Ok(OpenedStore {
         events: Arc::new(store.clone()),
-        queue: Arc::new(store),
+        queue: Arc::new(store.clone()),
+        eval_results: Arc::new(store),
         backend: "sqlite",
     })
 }

@@ -135,7 +135,7 @@ impl PostgresStore {
                     "cannot connect to Postgres: {e} (check the URL and that the server is running)"
                 ))
             })?;
-        sqlx::migrate!("./migrations/postgres")
+        crate::migrations::migrator(crate::migrations::POSTGRES)
             .run(&pool)
             .await
             .map_err(|e| backend("migrating Postgres store", e))?;

@@ -120,7 +120,7 @@ impl SqliteStore {
             .map_err(|e| {
                 StoreError::Backend(format!("cannot open SQLite store {}: {e}", path.display()))
             })?;
-        sqlx::migrate!("./migrations/sqlite")
+        crate::migrations::migrator(crate::migrations::SQLITE)
             .run(&pool)
             .await
             .map_err(|e| {

@@ -4,3 +4,4 @@
 //! line here.
 mod backends;
 mod conformance;
+mod eval_results;
