@@ -3,7 +3,8 @@
 //! This crate holds two things:
 //! - the **release service** ([`serve`], [`serve_forever`]): an HTTP server answering
 //!   release summaries and test details from fixtures and accepting risk reports, which it
-//!   validates and keeps on disk;
+//!   validates and keeps on disk; [`faults`] make chosen requests fail, stall or answer
+//!   malformed JSON for evaluations (`agents/detective/eval/suite.toml`);
 //! - the Detective's agent file, `agents/detective/agent.toml` ([`DETECTIVE_AGENT_TOML`]),
 //!   whose tools are pure configuration pointing at the release service through
 //!   `RELEASE_SERVICE_URL`. It uses Keel's one agent schema (`keel_config::AgentDefinition`,
@@ -12,10 +13,12 @@
 //! It must not contain agent logic in code: the Detective's behaviour lives in its agent
 //! file, and the release service is test and demo infrastructure, not part of the runtime.
 
+pub mod faults;
 pub mod fixtures;
 pub mod reports;
 pub mod service;
 
+pub use faults::{Endpoint, FaultRule, FaultSetup};
 pub use reports::RiskReport;
 pub use service::{DEFAULT_PORT, RunningService, ServiceConfig, serve, serve_forever};
 

@@ -13,6 +13,9 @@
 //!
 //! Idempotency keys are persisted next to the reports ([`IdempotencyIndex`]), so a retry
 //! after a restart gets the report filed before the restart.
+//!
+//! Faults set with [`RunningService::set_faults`] ([`crate::faults`]) make chosen requests
+//! fail, stall or answer malformed JSON, for evaluations of the agent's error handling.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, oneshot};
 
 use crate::DetectiveError;
+use crate::faults::{self, ActiveFaults, Endpoint, FaultAction, FaultRule};
 use crate::fixtures::{self, Releases};
 use crate::reports::{self, FieldError, IdempotencyIndex, ReportStore, RiskReport};
 
@@ -63,6 +67,8 @@ struct AppState {
     /// Idempotency key → report id, persisted next to the reports. The lock also makes
     /// filing one report at a time, so two requests with one key cannot both file.
     filed: Mutex<IdempotencyIndex>,
+    /// Injected faults (shared with [`RunningService`], which sets them).
+    faults: Arc<Mutex<ActiveFaults>>,
 }
 
 /// A running release service. Dropping it leaves the server running until the runtime
@@ -71,6 +77,7 @@ struct AppState {
 pub struct RunningService {
     addr: SocketAddr,
     reports_dir: PathBuf,
+    faults: Arc<Mutex<ActiveFaults>>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -89,6 +96,18 @@ impl RunningService {
     /// Where reports are written.
     pub fn reports_dir(&self) -> &std::path::Path {
         &self.reports_dir
+    }
+
+    /// Replaces the injected faults (an empty list clears them); a rule's `times` counts
+    /// from now. Every rule is validated first: the error names the rule and the fix, and
+    /// leaves the faults as they were.
+    pub async fn set_faults(&self, rules: Vec<FaultRule>) -> Result<(), String> {
+        for (index, rule) in rules.iter().enumerate() {
+            rule.validate()
+                .map_err(|e| format!("faults[{index}]: {e}"))?;
+        }
+        self.faults.lock().await.set(rules);
+        Ok(())
     }
 
     /// Stops accepting connections and waits (at most 5 s) for in-flight requests.
@@ -121,10 +140,12 @@ pub async fn serve(config: ServiceConfig) -> Result<RunningService, DetectiveErr
             path: config.reports_dir.display().to_string(),
             source,
         })?;
+    let faults = Arc::new(Mutex::new(ActiveFaults::default()));
     let state = Arc::new(AppState {
         releases,
         store,
         filed: Mutex::new(filed),
+        faults: Arc::clone(&faults),
     });
     let addr = SocketAddr::from(([127, 0, 0, 1], config.port));
     let listener = tokio::net::TcpListener::bind(addr)
@@ -149,10 +170,11 @@ pub async fn serve(config: ServiceConfig) -> Result<RunningService, DetectiveErr
             tracing::error!(%error, "release service stopped with an error");
         }
     });
-    tracing::info!(%addr, "release service listening");
+    tracing::debug!(%addr, "release service listening");
     Ok(RunningService {
         addr,
         reports_dir: config.reports_dir,
+        faults,
         stop: Some(stop),
         task,
     })
@@ -258,17 +280,56 @@ async fn release<'s>(
 }
 
 async fn summary(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match release(&state, &id).await {
-        Ok(release) => axum::Json(release.summary.clone()).into_response(),
+    release_data(&state, Endpoint::Summary, &id, |release| &release.summary).await
+}
+
+async fn test_details(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    release_data(&state, Endpoint::TestDetails, &id, |release| {
+        &release.test_details
+    })
+    .await
+}
+
+/// Answers one of a release's GET endpoints: the injected fault first, then the fixture.
+async fn release_data(
+    state: &AppState,
+    endpoint: Endpoint,
+    id: &str,
+    pick: fn(&fixtures::ReleaseFixture) -> &Value,
+) -> Response {
+    let fault = state.faults.lock().await.take(endpoint, Some(id));
+    match &fault {
+        Some(FaultAction::Fail { status, message }) => return fault_response(*status, message),
+        Some(FaultAction::Delay(ms)) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+        Some(FaultAction::Malformed) | None => {}
+    }
+    match release(state, id).await {
+        Ok(release) if fault == Some(FaultAction::Malformed) => malformed_response(pick(release)),
+        Ok(release) => axum::Json(pick(release).clone()).into_response(),
         Err(response) => response,
     }
 }
 
-async fn test_details(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match release(&state, &id).await {
-        Ok(release) => axum::Json(release.test_details.clone()).into_response(),
-        Err(response) => response,
-    }
+/// The answer of a `status` fault: the JSON error body a failing service would send.
+fn fault_response(status: u16, message: &str) -> Response {
+    let code = match status {
+        429 => "rate_limited",
+        503 => "unavailable",
+        500..=599 => "internal",
+        _ => "rejected",
+    };
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    error(status, code, message.to_string(), None, None)
+}
+
+/// A 200 whose JSON body is cut off halfway.
+fn malformed_response(body: &Value) -> Response {
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        faults::malformed_body(body),
+    )
+        .into_response()
 }
 
 /// Whether a `Content-Type` header value is JSON (`application/json`, any parameters such
@@ -300,6 +361,23 @@ async fn file_report(
             Some("Content-Type"),
             Some("send the report as a JSON object with `Content-Type: application/json`".into()),
         );
+    }
+    let release_id = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|body| {
+            body.get("release_id")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+    let fault = state
+        .faults
+        .lock()
+        .await
+        .take(Endpoint::RiskReports, release_id.as_deref());
+    match &fault {
+        Some(FaultAction::Fail { status, message }) => return fault_response(*status, message),
+        Some(FaultAction::Delay(ms)) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+        Some(FaultAction::Malformed) | None => {}
     }
     let body: Value = match serde_json::from_slice(&body) {
         Ok(body) => body,
@@ -372,7 +450,18 @@ async fn file_report(
         // the next start; this process still knows the key in memory.
         tracing::warn!(%problem, report_id = %report.report_id, "cannot write the idempotency index");
     }
-    tracing::info!(report_id = %report.report_id, release = %report.release_id, severity = %report.severity, "risk report filed");
+    tracing::debug!(report_id = %report.report_id, release = %report.release_id, severity = %report.severity, "risk report filed");
+    if fault == Some(FaultAction::Malformed) {
+        // Filed, but the answer is cut off: a retry with the same Idempotency-Key gets it.
+        return match serde_json::to_value(&report) {
+            Ok(value) => {
+                let mut response = malformed_response(&value);
+                *response.status_mut() = StatusCode::CREATED;
+                response
+            }
+            Err(_) => (StatusCode::CREATED, axum::Json(report)).into_response(),
+        };
+    }
     (StatusCode::CREATED, axum::Json(report)).into_response()
 }
 

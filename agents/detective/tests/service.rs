@@ -385,3 +385,58 @@ async fn a_busy_port_is_a_clear_error() {
     );
     first.shutdown().await;
 }
+
+#[tokio::test]
+async fn injected_faults_fail_stall_or_cut_the_requests_they_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = start(dir.path()).await;
+    let base = service.base_url();
+    let setup = keel_detective::FaultSetup::from_value(&json!({"faults": [
+        {"endpoint": "summary", "release": "v2.1.0", "status": 503, "times": 2},
+        {"endpoint": "test-details", "malformed": true},
+        {"endpoint": "risk-reports", "status": 403},
+    ]}))
+    .unwrap();
+    service.set_faults(setup.faults).await.unwrap();
+
+    // The first two summaries of v2.1.0 fail, the third and other releases' do not.
+    for _ in 0..2 {
+        let (status, body) = get(format!("{base}/releases/v2.1.0/summary")).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "unavailable");
+    }
+    assert_eq!(get(format!("{base}/releases/v2.1.0/summary")).await.0, 200);
+    assert_eq!(get(format!("{base}/releases/v1.9.8/summary")).await.0, 200);
+
+    // Test details answer 200 with JSON cut off halfway, every time.
+    let response = reqwest::get(format!("{base}/releases/v1.9.8/test-details"))
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.unwrap();
+    assert!(!text.is_empty());
+    assert!(serde_json::from_str::<Value>(&text).is_err(), "{text}");
+
+    // Filing is rejected and nothing is written.
+    let report = json!({"release_id": "v1.9.8", "severity": "low", "findings": ["all green"]});
+    let (status, body) = post(&base, report.clone(), None).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "rejected");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("do not retry")
+    );
+    assert_eq!(report_files(dir.path()), 0);
+
+    // Clearing the faults restores normal answers; an invalid rule changes nothing.
+    service.set_faults(Vec::new()).await.unwrap();
+    assert_eq!(post(&base, report.clone(), None).await.0, 201);
+    let bad: keel_detective::FaultRule =
+        serde_json::from_value(json!({"endpoint": "summary", "status": 200})).unwrap();
+    let error = service.set_faults(vec![bad]).await.unwrap_err();
+    assert!(error.starts_with("faults[0]: `status` 200"), "{error}");
+    assert_eq!(get(format!("{base}/releases/v2.1.0/summary")).await.0, 200);
+    service.shutdown().await;
+}

@@ -14,6 +14,7 @@ use keel_eval::{
 
 use crate::CliError;
 use crate::config::{app, app_error};
+use crate::eval_setup::{self, ReleaseServiceHook};
 
 /// `keel eval` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -153,6 +154,11 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
             return Ok(crate::EXIT_USAGE);
         }
     };
+    let hook_problems = eval_setup::check(&suite);
+    if !hook_problems.is_empty() {
+        eprint!("{}", keel_config::render_text(&hook_problems));
+        return Ok(crate::EXIT_USAGE);
+    }
     if args.trials == Some(0) {
         return Err(CliError::usage("--trials must be at least 1"));
     }
@@ -197,6 +203,38 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
         }
         None => None,
     };
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(".keel/eval").join(format!(
+            "{}-{}",
+            suite.suite.name,
+            chrono::Utc::now().format("%Y%m%d-%H%M%S")
+        ))
+    });
+    // The setup hook's service runs for the whole evaluation; the agent reaches it
+    // through RELEASE_SERVICE_URL in an application built for this run.
+    let hook = match suite.suite.setup_hook.as_deref() {
+        Some(eval_setup::RELEASE_SERVICE) => {
+            let reports = out.join("risk-reports");
+            let hook = ReleaseServiceHook::start(reports.clone()).await?;
+            println!(
+                "release service: {} (reports filed into {})",
+                hook.base_url(),
+                reports.display()
+            );
+            Some(Arc::new(hook))
+        }
+        _ => None,
+    };
+    let hooked_app = hook.as_ref().map(|hook| {
+        let url = hook.base_url();
+        crate::config::app_with_env(Arc::new(move |name: &str| {
+            if name == "RELEASE_SERVICE_URL" {
+                Some(url.clone())
+            } else {
+                app().env()(name)
+            }
+        }))
+    });
     let trials = args.trials.unwrap_or(suite.suite.trials).max(1);
     let total = (suite.scenarios.len() as u64).saturating_mul(u64::from(trials));
     let bar = indicatif::ProgressBar::new(total);
@@ -214,26 +252,25 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
             .timeout
             .map_or(keel_eval::DEFAULT_TRIAL_TIMEOUT, Duration::from_secs),
         judge,
-        setup: None,
+        setup: hook
+            .clone()
+            .map(|hook| hook as Arc<dyn keel_eval::TrialSetup>),
         progress: Some(Arc::new(move |p: &Progress| match p.status {
             None => progress_bar.set_message(format!("{} #{}", p.scenario, p.trial)),
             Some(_) => progress_bar.inc(1),
         })),
     };
-    let result = keel_eval::run_suite(app(), &suite, &options).await;
+    let result = keel_eval::run_suite(hooked_app.as_ref().unwrap_or(app()), &suite, &options).await;
     bar.finish_and_clear();
+    drop(options);
+    if let Some(hook) = hook.and_then(Arc::into_inner) {
+        hook.shutdown().await;
+    }
     let mut report = result.map_err(eval_error)?;
     let comparison = baseline.as_ref().map(|(_, _, baseline)| {
         let comparison = keel_eval::compare(&report, baseline, args.threshold);
         report.attach(&comparison);
         comparison
-    });
-    let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(".keel/eval").join(format!(
-            "{}-{}",
-            suite.suite.name,
-            chrono::Utc::now().format("%Y%m%d-%H%M%S")
-        ))
     });
     let html_options = keel_eval::HtmlOptions {
         trace_url: args.trace_url.clone(),

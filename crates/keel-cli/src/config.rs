@@ -40,6 +40,14 @@ pub fn app() -> &'static App {
     })
 }
 
+/// The application with `env` as its environment (the process's, plus what an eval setup
+/// hook points the agent at), same configuration and tools.
+pub fn app_with_env(env: keel_app::Env) -> App {
+    App::new(app().loaded().clone())
+        .with_tools(&test_tools())
+        .with_env(env)
+}
+
 /// The configuration.
 pub fn get() -> &'static KeelConfig {
     app().config()

@@ -22,6 +22,7 @@ mod cmd_trace;
 mod cmd_worker;
 mod cmd_workflow;
 mod config;
+mod eval_setup;
 mod models;
 mod output;
 mod recorded;

@@ -16,6 +16,7 @@ mod chat_tmux;
 mod compose_trace;
 mod context_cli;
 mod detective_cli;
+mod detective_suite;
 mod durable_approval;
 mod durable_crash;
 mod durable_workers;

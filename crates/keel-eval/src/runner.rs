@@ -44,7 +44,8 @@ pub enum EvalError {
     /// A scenario has a `setup` but the runner was given no [`TrialSetup`] hook.
     #[error(
         "scenario `{scenario}` has a `setup`, and setup needs a hook this runner was not given \
-         (remove `setup` or run the suite through a runner with a TrialSetup hook)"
+         (remove `setup`, or name the hook that applies it in [suite] setup_hook — keel eval \
+         run provides `release-service` — or pass a TrialSetup hook to run_suite)"
     )]
     Setup {
         /// The scenario id.
@@ -64,8 +65,9 @@ pub enum EvalError {
 /// Prepares a trial from its scenario's `setup` (fixtures, injected faults) before the run.
 #[async_trait::async_trait]
 pub trait TrialSetup: Send + Sync {
-    /// Called before trial `trial` (1-based) of `scenario` with its `setup`, untouched. An
-    /// error fails the trial with that text.
+    /// Called before every trial (`trial` is 1-based) of every scenario with the
+    /// scenario's `setup`, untouched — `Value::Null` when it has none, so a hook can undo
+    /// what the previous trial set up. An error fails the trial with that text.
     async fn prepare(&self, scenario: &Scenario, setup: &Value, trial: u32) -> Result<(), String>;
 }
 
@@ -317,7 +319,8 @@ impl TrialRunner<'_> {
 
     /// Applies the setup and runs the agent on the scenario's input under the timeout.
     async fn run(&self, scenario: &Scenario, trial: u32, thread_id: &str) -> Result<(), String> {
-        if let (Some(hook), Some(setup)) = (&self.options.setup, &scenario.setup) {
+        if let Some(hook) = &self.options.setup {
+            let setup = scenario.setup.as_ref().unwrap_or(&Value::Null);
             hook.prepare(scenario, setup, trial)
                 .await
                 .map_err(|e| format!("setup failed: {e}"))?;

@@ -40,6 +40,11 @@ pub struct SuiteSettings {
     /// The agent to evaluate, as an agent file (or set `agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_file: Option<String>,
+    /// The setup hook that applies the scenarios' `setup` values, by name. The library
+    /// takes the hook itself in [`crate::RunOptions::setup`]; `keel eval run` provides
+    /// `release-service` (the Detective's release service with injected faults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_hook: Option<String>,
     /// Models to evaluate the agent with (`provider:model`); empty = the agent's own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
