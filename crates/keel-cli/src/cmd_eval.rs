@@ -235,6 +235,27 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
             }
         }))
     });
+    if judge.is_none() {
+        let judged: Vec<&str> = suite
+            .scenarios
+            .iter()
+            .filter(|s| {
+                s.expect
+                    .decision_quality
+                    .as_ref()
+                    .is_some_and(|dq| dq.rubric.is_some())
+            })
+            .map(|s| s.id.as_str())
+            .collect();
+        if !judged.is_empty() {
+            eprintln!(
+                "warning: {} scenario(s) have a rubric ({}), and no --judge-model was given: \
+                 their rubrics are not scored (pass --judge-model PROVIDER:MODEL to score them)",
+                judged.len(),
+                judged.join(", ")
+            );
+        }
+    }
     let trials = args.trials.unwrap_or(suite.suite.trials).max(1);
     let total = (suite.scenarios.len() as u64).saturating_mul(u64::from(trials));
     let bar = indicatif::ProgressBar::new(total);

@@ -7,19 +7,15 @@
 //! scenarios badly on purpose; the test checks the statuses and scores worked out by hand
 //! from the suite's checks.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::MockLlm;
+use crate::common::{MockLlm, output_within, workspace_root as repo_root};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+/// How long one `keel eval run` may take before the test calls it hung.
+const DEADLINE: Duration = Duration::from_secs(600);
 
 fn scenario<'a>(report: &'a Value, id: &str) -> &'a Value {
     report["scenarios"]
@@ -71,7 +67,8 @@ fn the_detective_suite_scores_a_scripted_model_as_computed_by_hand() {
             .to_str()
             .unwrap(),
     );
-    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
         .args([
             "eval",
             "run",
@@ -94,9 +91,8 @@ fn the_detective_suite_scores_a_scripted_model_as_computed_by_hand() {
         .env("OPENAI_API_KEY", "test-key")
         .env_remove("KEEL_STORE")
         .env_remove("KEEL_CONFIG")
-        .env_remove("RELEASE_SERVICE_URL")
-        .output()
-        .unwrap();
+        .env_remove("RELEASE_SERVICE_URL");
+    let output = output_within(&mut command, DEADLINE);
     let shown = format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         output.status.code(),
@@ -257,19 +253,22 @@ fn bad_setup_hooks_and_setups_are_located_errors_before_anything_runs() {
     ];
     for (text, location, message) in cases {
         std::fs::write(dir.path().join("suite.toml"), &text).unwrap();
-        let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
             .args(["eval", "run", "suite.toml", "--model", "openai:mock"])
             .current_dir(dir.path())
             .env("KEEL_TEST_MODE", "1")
             .env("OPENAI_API_KEY", "test-key")
             .env_remove("KEEL_STORE")
-            .env_remove("KEEL_CONFIG")
-            .output()
-            .unwrap();
+            .env_remove("KEEL_CONFIG");
+        let output = output_within(&mut command, DEADLINE);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{text}\n{stderr}");
         assert!(stderr.contains(location), "{location} in:\n{stderr}");
         assert!(stderr.contains(message), "{message} in:\n{stderr}");
-        assert!(!dir.path().join(".keel/eval").exists(), "nothing ran: {stderr}");
+        assert!(
+            !dir.path().join(".keel/eval").exists(),
+            "nothing ran: {stderr}"
+        );
     }
 }

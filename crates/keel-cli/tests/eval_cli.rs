@@ -8,10 +8,11 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::MockLlm;
+use crate::common::{MockLlm, output_within};
 
 const KEEL_TOML: &str = r#"
 [providers.openai.retry]
@@ -118,16 +119,19 @@ fn setup() -> tempfile::TempDir {
     dir
 }
 
+/// How long one `keel` command may take before the test calls it hung.
+const EVAL_DEADLINE: Duration = Duration::from_secs(600);
+
 fn keel(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_keel"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
         .args(args)
         .current_dir(dir)
         .env("KEEL_TEST_MODE", "1")
         .env("OPENAI_API_KEY", "test-key")
         .env_remove("KEEL_STORE")
-        .env_remove("KEEL_CONFIG")
-        .output()
-        .unwrap()
+        .env_remove("KEEL_CONFIG");
+    output_within(&mut command, EVAL_DEADLINE)
 }
 
 fn show(output: &Output) -> String {
@@ -254,6 +258,14 @@ fn eval_run_scores_the_suite_with_a_scripted_judge_and_compare_gates_regressions
     // A worse model: mul and greet fail.
     let (output, _) = eval_run(path, "worse.json", "worse", &[]);
     assert_eq!(output.status.code(), Some(1), "{}", show(&output));
+    // Run without --judge-model, the rubric is said to be unscored.
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(
+            "warning: 1 scenario(s) have a rubric (greet), and no --judge-model was given"
+        ),
+        "{}",
+        show(&output)
+    );
 
     let compare = keel(
         path,

@@ -108,7 +108,13 @@ impl ModelJudge {
         let write = |dir: &Path| -> std::io::Result<()> {
             std::fs::create_dir_all(dir)?;
             let text = serde_json::to_string_pretty(verdict).map_err(std::io::Error::other)?;
-            std::fs::write(dir.join(format!("{key}.json")), text)
+            // Written beside the entry and renamed into place: a run killed mid-write, or
+            // two trials judging the same content at once, never leave a truncated entry.
+            let partial = dir.join(format!(".{key}.{}.tmp", keel_core::new_id("w")));
+            std::fs::write(&partial, text)?;
+            std::fs::rename(&partial, dir.join(format!("{key}.json"))).inspect_err(|_| {
+                let _ = std::fs::remove_file(&partial);
+            })
         };
         write(dir).map_err(|e| {
             JudgeError(format!(

@@ -1,5 +1,5 @@
-//! Helpers shared by the CLI's integration tests: seeded randomness, killing a child at a
-//! chosen moment, and `keel mock-llm` as a child process.
+//! Helpers shared by the CLI's integration tests: seeded randomness, running a child with
+//! a deadline or killing it at a chosen moment, and `keel mock-llm` as a child process.
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -19,6 +19,53 @@ pub fn workspace_root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .unwrap()
+}
+
+/// Runs `command` to completion like `Command::output`, but never longer than `deadline`:
+/// a child still running then is killed and the test fails with what it printed so far.
+/// The deadline is a hang detector, generous enough for a machine whose cores are busy.
+pub fn output_within(command: &mut Command, deadline: Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    // Both pipes are drained while the child runs, so it never blocks on a full pipe.
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{command:?} did not finish within {deadline:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.join().unwrap()),
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 /// xorshift64*: a tiny seeded generator so kill times are reproducible.
