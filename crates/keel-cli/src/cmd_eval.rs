@@ -1,5 +1,6 @@
 //! `keel eval`: run an evaluation suite (`run`), compare a report with a baseline
-//! (`compare`), list saved baselines (`baselines`) and runs (`runs`). A thin layer over
+//! (`compare`), list saved baselines (`baselines`) and runs (`runs`), replay golden
+//! conversations (`replay`, in `cmd_replay`). A thin layer over
 //! keel-eval: parsing, running, scoring, judging, comparing and saving live there; this
 //! file reads flags, shows progress, writes `report.json` / `report.html` and prints the
 //! tables. See docs/evaluation.md.
@@ -30,6 +31,9 @@ pub enum EvalCommand {
     Baselines(EvalListArgs),
     /// List the eval runs saved in the store, newest first.
     Runs(EvalRunsArgs),
+    /// Replay golden conversations (cassettes recorded with `keel run --record`) offline
+    /// against the agent as it is now; exits 1 when a replay deviates from its recording.
+    Replay(crate::cmd_replay::EvalReplayArgs),
 }
 
 /// Flags of `keel eval baselines`.
@@ -141,6 +145,7 @@ pub async fn run(command: EvalCommand) -> Result<u8, CliError> {
         EvalCommand::Compare(args) => eval_compare(&args).await,
         EvalCommand::Baselines(args) => eval_baselines(&args).await,
         EvalCommand::Runs(args) => eval_runs(&args).await,
+        EvalCommand::Replay(args) => crate::cmd_replay::run(&args).await,
     }
 }
 

@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Output format (default: keel.toml [defaults] output, else text).
     #[arg(long, value_enum)]
     pub output: Option<OutputFormat>,
+    /// Record the run as a golden conversation (a cassette: every model response and tool
+    /// output) in this JSON file; `keel eval replay FILE` replays it offline.
+    #[arg(long, value_name = "FILE", conflicts_with = "workflow")]
+    pub record: Option<PathBuf>,
     /// Write every request the scripted model received to this JSON file.
     #[arg(long, value_name = "FILE", requires = "script")]
     pub record_requests: Option<PathBuf>,
@@ -81,6 +85,10 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .run(vec![message], &mut thread, &context)
         .await
         .map_err(agents::run_error)?;
+    if let Some(path) = &args.record {
+        crate::cmd_replay::record(store.as_ref(), &outcome.thread_id, &outcome.run_id, path)
+            .await?;
+    }
     report(
         &outcome,
         output,

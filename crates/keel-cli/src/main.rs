@@ -12,6 +12,7 @@ mod cmd_eval;
 mod cmd_mcp;
 mod cmd_mock_llm;
 mod cmd_models;
+mod cmd_replay;
 mod cmd_responses;
 mod cmd_resume;
 mod cmd_run;

@@ -14,7 +14,11 @@ use crate::CliError;
 #[serde(untagged)]
 enum ScriptFile {
     Steps(Vec<ScriptStep>),
-    Object { steps: Vec<ScriptStep> },
+    // `turns`: the key of `keel mock-llm` scripts, so one file drives both.
+    Object {
+        #[serde(alias = "turns")]
+        steps: Vec<ScriptStep>,
+    },
 }
 
 /// A scripted model over the steps of `path` from `skip` on. Tool calls without an id get

@@ -8,11 +8,12 @@
     missing_docs
 )]
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::Value;
+
+use crate::common::KeelServer;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,49 +22,18 @@ fn root() -> PathBuf {
         .unwrap()
 }
 
-struct Server {
-    child: Child,
-    url: String,
-    // Kept open: a server writing to a closed pipe would die.
-    _stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `keel ARGS` and reads the URL from its first stdout line.
-fn start(args: &[&str], cwd: &std::path::Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(args)
-        .current_dir(cwd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "banner: {line:?}");
-    Server {
-        child,
-        url,
-        _stdout: stdout,
-    }
-}
-
-fn assess(script: &str, dir: &std::path::Path) -> (Output, Server, Server) {
+fn assess(script: &str, dir: &std::path::Path) -> (Output, KeelServer, KeelServer) {
     let agent = root().join("agents/detective/agent.toml");
     assess_with(script, dir, agent.to_str().unwrap())
 }
 
 /// Runs `keel run --agent AGENT` in `dir` (where a keel.toml may name agents).
-fn assess_with(script: &str, dir: &std::path::Path, agent: &str) -> (Output, Server, Server) {
-    let service = start(
+fn assess_with(
+    script: &str,
+    dir: &std::path::Path,
+    agent: &str,
+) -> (Output, KeelServer, KeelServer) {
+    let service = KeelServer::start(
         &[
             "detective",
             "serve",
@@ -75,7 +45,7 @@ fn assess_with(script: &str, dir: &std::path::Path, agent: &str) -> (Output, Ser
         dir,
     );
     let script = root().join(script);
-    let mock = start(
+    let mock = KeelServer::start(
         &[
             "mock-llm",
             "--script",
@@ -107,7 +77,7 @@ fn assess_with(script: &str, dir: &std::path::Path, agent: &str) -> (Output, Ser
     (output, service, mock)
 }
 
-fn reports(service: &Server) -> Vec<Value> {
+fn reports(service: &KeelServer) -> Vec<Value> {
     let url = format!("{}/risk-reports?release_id=v2.1.0", service.url);
     let output = Command::new("curl").args(["-sf", &url]).output().unwrap();
     let body: Value = serde_json::from_slice(&output.stdout)

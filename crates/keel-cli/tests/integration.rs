@@ -21,6 +21,7 @@ mod durable_approval;
 mod durable_crash;
 mod durable_workers;
 mod eval_cli;
+mod golden_replay;
 mod policy_cli;
 mod providers_e2e;
 mod resume_failed;

@@ -8,9 +8,11 @@
 //! keel-app, as `keel run` builds it), reads each trial's events back from the store and
 //! scores them; the [`judge`] scores rubrics with an LLM, caching verdicts by content hash.
 //! Reports are saved in the event store's database, and baselines named there
-//! ([`results`]).
+//! ([`results`]). Golden conversations ([`golden`]) record one run as a cassette and
+//! replay it offline, failing when the action trace deviates beyond declared allowances.
 
 pub mod compare;
+pub mod golden;
 pub mod html;
 pub mod judge;
 pub mod report;
@@ -22,6 +24,9 @@ pub mod suite;
 pub mod trace;
 
 pub use compare::{Change, Comparison, MetricDelta, compare};
+pub use golden::{
+    Allowances, Cassette, CassetteError, ReplayError, ReplayOptions, ReplayReport, replay,
+};
 pub use html::{HtmlOptions, render_html};
 pub use judge::{DEFAULT_JUDGE_CACHE, ModelJudge};
 pub use report::{

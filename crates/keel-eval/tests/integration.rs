@@ -9,6 +9,7 @@
 
 mod common;
 mod compare_reports;
+mod golden_library;
 mod html_report;
 mod judge_model;
 mod report_json;

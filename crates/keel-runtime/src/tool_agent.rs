@@ -391,6 +391,13 @@ impl ToolAgentBuilder {
         self
     }
 
+    /// Replaces the tools with what `map` makes of them — e.g. a golden replay wraps each
+    /// tool so it answers with recorded outputs while keeping its contract.
+    pub fn map_tools(mut self, map: impl FnOnce(ToolRegistry) -> ToolRegistry) -> Self {
+        self.tools = map(std::mem::take(&mut self.tools));
+        self
+    }
+
     /// The budget of each run.
     pub fn budget(mut self, budget: Budget) -> Self {
         self.budget = budget;

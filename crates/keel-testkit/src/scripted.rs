@@ -136,7 +136,11 @@ impl ScriptStep {
 #[serde(untagged)]
 enum ScriptFile {
     Steps(Vec<ScriptStep>),
-    Object { steps: Vec<ScriptStep> },
+    // `turns`: the key of `keel mock-llm` scripts, so one file drives both.
+    Object {
+        #[serde(alias = "turns")]
+        steps: Vec<ScriptStep>,
+    },
 }
 
 /// Why a script could not be loaded.

@@ -121,6 +121,46 @@ fn kill_after(mut child: Child, after: Duration) -> bool {
     true
 }
 
+/// A serving `keel` subcommand (`detective serve --port 0`, `mock-llm --port 0`) as a child
+/// process, its URL read from the first line it prints; killed when dropped.
+pub struct KeelServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    // Kept open: a server logging to a closed pipe would die.
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for KeelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl KeelServer {
+    /// Starts `keel ARGS` in `cwd` and waits for its banner.
+    pub fn start(args: &[&str], cwd: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(args)
+            .current_dir(cwd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let url = line.trim().rsplit(' ').next().unwrap().to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "banner: {line:?}");
+        Self {
+            child,
+            url,
+            _stdout: stdout,
+        }
+    }
+}
+
 /// `keel mock-llm` running as a child process; killed when dropped.
 pub struct MockLlm {
     child: Child,
