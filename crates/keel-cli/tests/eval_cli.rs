@@ -328,6 +328,11 @@ fn an_unreachable_judge_makes_trials_judge_error_never_passed() {
         assert_eq!(trial["status"], "judge_error");
         let error = trial["judge_error"].as_str().unwrap();
         assert!(error.contains("could not be reached"), "{error}");
+        // It points at the rubric in the suite file.
+        assert!(
+            error.contains("suite.toml:") && error.contains("the rubric of scenario `greet`"),
+            "{error}"
+        );
     }
     assert_eq!(report["summary"]["judge_errors"], 1);
     // Scenarios without a rubric are unaffected.

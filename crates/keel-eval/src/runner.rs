@@ -304,7 +304,14 @@ impl TrialRunner<'_> {
                         .as_ref()
                         .and_then(|dq| dq.rubric.as_deref()),
                 ) {
-                    let verdict = judge.judge(rubric, scenario, &trace).await;
+                    let verdict = judge.judge(rubric, scenario, &trace).await.map_err(|e| {
+                        crate::score::JudgeError(format!(
+                            "{}: the rubric of scenario `{}` could not be scored: {}",
+                            self.suite.rubric_location(&scenario.id),
+                            scenario.id,
+                            e.0
+                        ))
+                    });
                     apply_judge(&mut score, verdict, thresholds);
                 }
             }

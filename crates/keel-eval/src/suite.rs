@@ -449,6 +449,21 @@ impl Suite {
         self.source.error(code, key, message)
     }
 
+    /// `file:line:col` of scenario `id`'s rubric (of the scenario itself when it has none),
+    /// for errors found while running — an unreachable judge — to point at the suite.
+    pub fn rubric_location(&self, id: &str) -> String {
+        let Some(index) = self.scenarios.iter().position(|s| s.id == id) else {
+            return self.source.name.clone();
+        };
+        let key = format!("scenarios[{index}].expect.decision_quality.rubric");
+        let at = self.source.error(DiagnosticCode::InvalidValue, &key, "");
+        match (at.line, at.column) {
+            (Some(line), Some(column)) => format!("{}:{line}:{column}", at.file),
+            (Some(line), None) => format!("{}:{line}", at.file),
+            _ => at.file,
+        }
+    }
+
     fn semantic_checks(&self) -> Vec<Diagnostic> {
         let mut out = Vec::new();
         let s = &self.suite;

@@ -211,3 +211,16 @@ fn unknown_tools_are_reported_against_the_catalog() {
         d[0].message
     );
 }
+
+#[test]
+fn a_rubric_is_located_in_the_suite_file() {
+    let suite = Suite::parse(VALID, "suites/detective.toml").unwrap();
+    assert_eq!(
+        suite.rubric_location("high_risk"),
+        "suites/detective.toml:33:1"
+    );
+    // A scenario without a rubric points at the scenario.
+    let low = suite.rubric_location("low_risk");
+    let line: usize = low.split(':').nth(1).unwrap().parse().unwrap();
+    assert!((38..=41).contains(&line), "{low}");
+}
