@@ -331,6 +331,52 @@ pub(crate) async fn agent_builder(
         critic = Some(rules);
     }
 
+    // Call rules: every tool they name must be one of the agent's.
+    let call_rules = def.call_rules.clone().unwrap_or_default();
+    for (index, rule) in call_rules.iter().enumerate() {
+        let known: Vec<&str> = resolution.tools.iter().map(String::as_str).collect();
+        let named = std::iter::once(("tool".to_string(), &rule.tool)).chain(
+            rule.after
+                .iter()
+                .enumerate()
+                .map(|(i, tool)| (format!("after[{i}]"), tool)),
+        );
+        for (key, tool) in named {
+            if tools.get(tool).is_none() {
+                problems.add(
+                    DiagnosticCode::UnknownReference,
+                    &format!("call_rules[{index}].{key}"),
+                    format!(
+                        "call_rules: tool `{tool}` is not one of the agent's tools ({}); add \
+                         it to `tools`, or fix the name{}",
+                        resolution.tools.join(", "),
+                        crate::hint(tool, &known)
+                    ),
+                );
+            }
+        }
+        if rule.max_successes == Some(0) {
+            problems.add(
+                DiagnosticCode::InvalidValue,
+                &format!("call_rules[{index}].max_successes"),
+                "call_rules: `max_successes` must be at least 1 (remove the tool to forbid it)"
+                    .to_string(),
+            );
+        }
+        for (i, pointer) in rule.grounded.iter().enumerate() {
+            if !pointer.starts_with('/') {
+                problems.add(
+                    DiagnosticCode::InvalidValue,
+                    &format!("call_rules[{index}].grounded[{i}]"),
+                    format!(
+                        "call_rules: `{pointer}` is not a JSON pointer into the arguments; \
+                         write it like `/findings`"
+                    ),
+                );
+            }
+        }
+    }
+
     // Instructions.
     let instructions = instructions(request, def, resolved.as_ref(), &mut problems);
     if let Some(t) = def.temperature
@@ -392,6 +438,9 @@ pub(crate) async fn agent_builder(
     builder = crate::compose::with_handoffs(app, def, builder);
     if let Some(critic) = critic {
         builder = builder.critic(Arc::new(critic));
+    }
+    for rule in call_rules {
+        builder = builder.call_rule(rule);
     }
     if let Some(rejections) = def.critic.as_ref().and_then(|c| c.max_rejections) {
         builder = builder.max_critic_rejections(rejections);

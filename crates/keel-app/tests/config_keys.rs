@@ -104,6 +104,7 @@ const KEYS: &[(&str, Check)] = &[
         "agents.<name>.critic.require_in_answer",
         critic_require_in_answer,
     ),
+    ("agents.<name>.call_rules", agents_call_rules),
     ("tools.builtin", tools_builtin),
     ("tools.http", tools_http),
     ("mcp.servers.name", mcp_name),
@@ -1142,6 +1143,49 @@ fn critic_require_in_answer() {
     assert!(
         gaps[0].iter().any(|g| g.contains("STATE THE RESULT")),
         "{gaps:?}"
+    );
+}
+
+fn agents_call_rules() {
+    // `after`: the calculator may only run once ping_pong succeeded; the first call is
+    // refused (never run), the second runs.
+    let model = scripted(vec![
+        ScriptStep::tool_call("calculator", serde_json::json!({"expression": "1+1"})),
+        ScriptStep::tool_call("ping_pong", serde_json::json!({"message": "hi"})),
+        ScriptStep::tool_call("calculator", serde_json::json!({"expression": "1+1"})),
+        ScriptStep::text("2"),
+    ]);
+    let built = agent_a(
+        "[agents.a]\ntools = [\"calculator\", \"ping_pong\"]\n\
+         [[agents.a.call_rules]]\ntool = \"calculator\"\nafter = [\"ping_pong\"]\n",
+        model,
+    );
+    let (_, events) = block_on(run_with(&built.agent, &app(""), None, "go"));
+    let calculator: Vec<bool> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCallFinished { result } if result.name == "calculator" => {
+                Some(result.outcome.is_ok())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calculator, [false, true], "{events:#?}");
+    // An unknown tool in a rule is a located error naming the key.
+    let error = app(
+        "[agents.a]\ntools = [\"calculator\"]\n[[agents.a.call_rules]]\ntool = \"calculater\"\n",
+    );
+    let error = block_on(error.agent(&AgentRequest {
+        agent: named("a"),
+        model_override: Some(scripted(vec![])),
+        ..AgentRequest::default()
+    }))
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        error.contains("call_rules") && error.contains("did you mean `calculator`"),
+        "{error}"
     );
 }
 

@@ -5,7 +5,8 @@
 //! Tools are one list: each entry is a tool name (built-in, keel.toml `[[tools.http]]`,
 //! `<server>__<tool>` MCP tools), a table with only `name` (the same, written as
 //! `[[tools]]`), or a declarative HTTP tool table (keel-tools' [`HttpToolConfig`]). The
-//! critic is `require_calls`, `require_in_answer` and `max_rejections`.
+//! critic is `require_calls`, `require_in_answer` and `max_rejections`; `call_rules` are
+//! checked before each call runs.
 //!
 //! Agent files are parsed like keel.toml ([`AgentDefinition::parse`]): every problem with
 //! file, key, line, column and the nearest valid key. They are not `${VAR}`-expanded at
@@ -97,6 +98,11 @@ pub struct AgentDefinition {
     /// budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agents_as_tools: Option<Vec<String>>,
+    /// Rules checked before a tool call runs (`[[call_rules]]`: `tool`, `after`, `same`,
+    /// `max_successes`, `grounded`); a call breaking one is answered with an error telling
+    /// the model what to do, and never runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_rules: Option<Vec<keel_core::CallRule>>,
 }
 
 /// An agent's `kind`: what runs it, and so where its threads' conversations live.
@@ -388,6 +394,7 @@ impl AgentDefinition {
             handoffs: pick(&over.handoffs, &self.handoffs),
             max_handoffs: pick(&over.max_handoffs, &self.max_handoffs),
             agents_as_tools: pick(&over.agents_as_tools, &self.agents_as_tools),
+            call_rules: pick(&over.call_rules, &self.call_rules),
         }
     }
 
@@ -414,6 +421,7 @@ impl AgentDefinition {
             ("handoffs", self.handoffs.is_some()),
             ("max_handoffs", self.max_handoffs.is_some()),
             ("agents_as_tools", self.agents_as_tools.is_some()),
+            ("call_rules", self.call_rules.is_some()),
         ];
         flags
             .into_iter()

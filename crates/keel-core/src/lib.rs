@@ -10,6 +10,7 @@
 //! `keel-runtime` and the adapter crates, which depend on this one and never the reverse.
 
 pub mod budget;
+pub mod call_rules;
 pub mod cancel;
 pub mod cap;
 pub mod context;
@@ -30,6 +31,7 @@ pub mod store;
 pub mod tool;
 
 pub use budget::Budget;
+pub use call_rules::{CallRule, PastCall, check_call};
 pub use cancel::CancellationToken;
 pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};
 pub use decide::{Action, EndState, decide};

@@ -8,8 +8,8 @@ use keel_core::definition::sha256_hex;
 use keel_core::observation::{DefaultNormalizer, ObservationMode, ObservationNormalizer};
 use keel_core::planner::{self, PlannerMode};
 use keel_core::{
-    AgentDefinition, AgentFingerprint, Budget, Critic, Message, Model, PolicyTable, ToolChoice,
-    ToolDefinition, ToolFingerprint, ToolRegistry,
+    AgentDefinition, AgentFingerprint, Budget, CallRule, Critic, Message, Model, PolicyTable,
+    ToolChoice, ToolDefinition, ToolFingerprint, ToolRegistry,
 };
 
 use crate::context::RunContext;
@@ -41,6 +41,8 @@ pub struct ToolAgent {
     pub(crate) normalizer: Arc<dyn ObservationNormalizer>,
     pub(crate) critic: Option<Arc<dyn Critic>>,
     pub(crate) max_critic_rejections: u32,
+    /// Conditions checked before a call runs (order, successes per run, grounding).
+    pub(crate) call_rules: Vec<CallRule>,
     pub(crate) planner_mode: PlannerMode,
     pub(crate) max_invalid_actions: u32,
     pub(crate) action_schema: Option<serde_json::Value>,
@@ -110,6 +112,7 @@ impl ToolAgent {
             normalizer: Arc::new(DefaultNormalizer),
             critic: None,
             max_critic_rejections: 2,
+            call_rules: Vec::new(),
             planner_mode: PlannerMode::Native,
             control_tools: true,
             max_invalid_actions: 2,
@@ -227,6 +230,7 @@ pub struct ToolAgentBuilder {
     normalizer: Arc<dyn ObservationNormalizer>,
     critic: Option<Arc<dyn Critic>>,
     max_critic_rejections: u32,
+    call_rules: Vec<CallRule>,
     planner_mode: PlannerMode,
     control_tools: bool,
     max_invalid_actions: u32,
@@ -344,6 +348,15 @@ impl ToolAgentBuilder {
     /// A critic called after each observation and on the final answer.
     pub fn critic(mut self, critic: Arc<dyn Critic>) -> Self {
         self.critic = Some(critic);
+        self
+    }
+
+    /// A rule checked before each call of `rule.tool` runs: tools that must have
+    /// succeeded first, successes allowed per run, argument fields that must cite the
+    /// run's tool results ([`keel_core::call_rules`]). A call breaking it is answered with
+    /// an `invalid_input` error telling the model what to do, and never runs.
+    pub fn call_rule(mut self, rule: CallRule) -> Self {
+        self.call_rules.push(rule);
         self
     }
 
@@ -513,6 +526,7 @@ impl ToolAgentBuilder {
             normalizer: self.normalizer,
             critic: self.critic,
             max_critic_rejections: self.max_critic_rejections,
+            call_rules: self.call_rules,
             planner_mode: self.planner_mode,
             max_invalid_actions: self.max_invalid_actions,
             action_schema,

@@ -4,6 +4,7 @@
 //! line here.
 mod adversarial;
 mod agent_run;
+mod call_rules;
 mod compose;
 mod context_window;
 mod executor;

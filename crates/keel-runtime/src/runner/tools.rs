@@ -28,11 +28,15 @@ pub(super) async fn execute_tools(
     journal: &mut Journal<'_>,
     calls: Vec<PendingCall>,
 ) -> Result<(), RunError> {
+    // Calls that break one of the agent's call rules never run: each gets the rule's
+    // message as an `invalid_input` result (a call resumed after it started is exempt).
+    let refusals = call_rule_refusals(agent, journal, &calls);
     let is_executed = |p: &PendingCall| {
         p.approval != Some(false)
             && p.call.name != ASK_USER
             && p.call.name != REPLAN
             && agent.handoff_target(&p.call.name).is_none()
+            && !refusals.contains_key(&p.call.id)
     };
     // A call that started before a crash and never finished: re-run it only when repeating
     // it is harmless; a mutating call gets an "interrupted" outcome and goes to the policy.
@@ -109,6 +113,18 @@ pub(super) async fn execute_tools(
             );
             journal
                 .append_batch(vec![(tool_finished(call, outcome, None), new_span_id())])
+                .await?;
+            continue;
+        }
+        if let Some(message) = refusals.get(&call.id) {
+            let outcome =
+                error_outcome(journal, &call, ToolErrorCode::InvalidInput, message.clone());
+            let content = content_for(agent, &outcome);
+            journal
+                .append_batch(vec![(
+                    tool_finished(call, outcome, Some(content)),
+                    new_span_id(),
+                )])
                 .await?;
             continue;
         }
@@ -203,6 +219,71 @@ pub(super) async fn execute_tools(
         critique_observations(agent, journal, &committed).await?;
     }
     Ok(())
+}
+
+/// The calls of this turn that break one of the agent's call rules, with the message for
+/// the model, judged against the run's successful calls so far (from its log) and the
+/// calls let through earlier in the turn.
+fn call_rule_refusals(
+    agent: &ToolAgent,
+    journal: &Journal<'_>,
+    calls: &[PendingCall],
+) -> std::collections::HashMap<String, String> {
+    let mut refusals = std::collections::HashMap::new();
+    if agent.call_rules.is_empty() {
+        return refusals;
+    }
+    let mut requested: std::collections::HashMap<&str, (&str, serde_json::Value)> =
+        std::collections::HashMap::new();
+    let mut succeeded: Vec<(&str, serde_json::Value, &serde_json::Value)> = Vec::new();
+    for event in journal.run_events() {
+        match &event.kind {
+            EventKind::ToolCallRequested { call, .. } => {
+                let arguments = call.parse_arguments().unwrap_or(serde_json::Value::Null);
+                requested.insert(call.id.as_str(), (call.name.as_str(), arguments));
+            }
+            EventKind::ToolCallFinished { result } => {
+                if let (ToolResultKind::Ok { data, .. }, Some((tool, arguments))) = (
+                    &result.outcome.result,
+                    requested.get(result.call_id.as_str()),
+                ) {
+                    succeeded.push((tool, arguments.clone(), data));
+                }
+            }
+            _ => {}
+        }
+    }
+    let past: Vec<keel_core::PastCall<'_>> = succeeded
+        .iter()
+        .map(|(tool, arguments, result)| keel_core::PastCall {
+            tool,
+            arguments,
+            result,
+        })
+        .collect();
+    let mut in_flight: Vec<&str> = Vec::new();
+    for pending in calls
+        .iter()
+        .filter(|p| p.approval != Some(false) && !p.started)
+    {
+        let arguments = pending
+            .call
+            .parse_arguments()
+            .unwrap_or(serde_json::Value::Null);
+        match keel_core::check_call(
+            &agent.call_rules,
+            &pending.call.name,
+            &arguments,
+            &past,
+            &in_flight,
+        ) {
+            Ok(()) => in_flight.push(&pending.call.name),
+            Err(message) => {
+                refusals.insert(pending.call.id.clone(), message);
+            }
+        }
+    }
+    refusals
 }
 
 /// What the run lends the turn's tools: its trace, each call's span (the span of its

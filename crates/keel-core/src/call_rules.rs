@@ -1,0 +1,430 @@
+//! Call rules: conditions on a tool call that the runtime checks before the call runs,
+//! from what already happened in the run — the tools that must have succeeded first (with
+//! the same values of some arguments), how often the tool may succeed in one run, and
+//! argument fields that must cite something the run's tools returned. A call that breaks
+//! a rule is not executed: it is answered with an `invalid_input` error whose message tells
+//! the model what to do instead, like any other tool error (data, never a panic).
+//!
+//! Checked before the call rather than by the critic after it: for a mutating tool (filing
+//! a report, sending a message) the side effect cannot be taken back once it happened.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One rule about calls of `tool`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallRule {
+    /// The tool the rule is about.
+    pub tool: String,
+    /// Tools that must each have succeeded earlier in the run.
+    pub after: Vec<String>,
+    /// Top-level arguments whose values the earlier calls of `after` must share with this
+    /// call (e.g. `release_id`: the data read must be about the same release).
+    pub same: Vec<String>,
+    /// At most this many successful calls of `tool` in one run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_successes: Option<u32>,
+    /// JSON pointers into the arguments (`/findings`): each string there (or each string of
+    /// the array there) must cite a figure, name or identifier present in the results of
+    /// the run's successful tool calls.
+    pub grounded: Vec<String>,
+}
+
+/// A successful call of the run, as the rules see it.
+#[derive(Debug, Clone, Copy)]
+pub struct PastCall<'a> {
+    /// The tool.
+    pub tool: &'a str,
+    /// Its arguments.
+    pub arguments: &'a Value,
+    /// Its result data.
+    pub result: &'a Value,
+}
+
+/// Checks a call of `tool` with `arguments` against every rule about `tool`, given the
+/// run's successful calls so far (in order) and the tools of the calls already let through
+/// in the same turn (`in_flight`: they may still succeed, so they count against
+/// `max_successes`, but not as having succeeded for `after`). `Err` holds the message for
+/// the model.
+pub fn check_call(
+    rules: &[CallRule],
+    tool: &str,
+    arguments: &Value,
+    past: &[PastCall<'_>],
+    in_flight: &[&str],
+) -> Result<(), String> {
+    for rule in rules.iter().filter(|r| r.tool == tool) {
+        check_after(rule, arguments, past)?;
+        check_max(rule, past, in_flight)?;
+        check_grounded(rule, arguments, past)?;
+    }
+    Ok(())
+}
+
+fn check_after(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> Result<(), String> {
+    let same = |call: &PastCall<'_>| {
+        rule.same
+            .iter()
+            .all(|key| call.arguments.get(key) == arguments.get(key))
+    };
+    let missing: Vec<&str> = rule
+        .after
+        .iter()
+        .filter(|needed| !past.iter().any(|c| c.tool == needed.as_str() && same(c)))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let with_same = if rule.same.is_empty() {
+        String::new()
+    } else {
+        let values: Vec<String> = rule
+            .same
+            .iter()
+            .map(|key| {
+                format!(
+                    "`{key}` {}",
+                    arguments
+                        .get(key)
+                        .map_or("(absent)".into(), Value::to_string)
+                )
+            })
+            .collect();
+        format!(" with the same {}", values.join(" and "))
+    };
+    Err(format!(
+        "`{}` was not run: it may only run after {} succeeded in this run{with_same}; still \
+         missing: {}. Call {} first, then call `{}` again with what they returned.",
+        rule.tool,
+        names(&rule.after),
+        names(&missing),
+        if missing.len() == 1 { "it" } else { "them" },
+        rule.tool
+    ))
+}
+
+fn check_max(rule: &CallRule, past: &[PastCall<'_>], in_flight: &[&str]) -> Result<(), String> {
+    let Some(max) = rule.max_successes else {
+        return Ok(());
+    };
+    let done = past.iter().filter(|c| c.tool == rule.tool).count();
+    let pending = in_flight.iter().filter(|t| **t == rule.tool).count();
+    if u32::try_from(done + pending).unwrap_or(u32::MAX) < max {
+        return Ok(());
+    }
+    let times = |n: u32| {
+        if n == 1 {
+            "once".to_string()
+        } else {
+            format!("{n} times")
+        }
+    };
+    let already = if pending > 0 {
+        "it is already being called in this turn".to_string()
+    } else {
+        format!(
+            "it already succeeded {} in this run",
+            times(u32::try_from(done).unwrap_or(u32::MAX))
+        )
+    };
+    Err(format!(
+        "`{}` was not run: {already}, and it may succeed at most {} per run. Do not call it \
+         again: use the result it returned.",
+        rule.tool,
+        times(max),
+    ))
+}
+
+fn check_grounded(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> Result<(), String> {
+    if rule.grounded.is_empty() {
+        return Ok(());
+    }
+    let facts = Facts::of(past.iter().map(|c| c.result));
+    let mut ungrounded = Vec::new();
+    for pointer in &rule.grounded {
+        match arguments.pointer(pointer) {
+            Some(Value::String(text)) if !facts.cited_by(text) => {
+                ungrounded.push(format!("{pointer} {text:?}"));
+            }
+            Some(Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let Some(text) = item.as_str()
+                        && !facts.cited_by(text)
+                    {
+                        ungrounded.push(format!("{pointer}/{i} {text:?}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if ungrounded.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "`{}` was not run: {} cite{} nothing that this run's tool results contain. Each must \
+         quote a figure, name or identifier a tool returned (a count, a metric, a test or \
+         change name); fix {} and call `{}` again.",
+        rule.tool,
+        ungrounded.join(", "),
+        if ungrounded.len() == 1 { "s" } else { "" },
+        if ungrounded.len() == 1 { "it" } else { "them" },
+        rule.tool
+    ))
+}
+
+fn names<S: AsRef<str>>(tools: &[S]) -> String {
+    let quoted: Vec<String> = tools.iter().map(|t| format!("`{}`", t.as_ref())).collect();
+    match quoted.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// Words too common in tool results and findings alike to count as a citation.
+const COMMON: &[&str] = &[
+    "about", "after", "also", "been", "from", "have", "into", "more", "none", "null", "only",
+    "over", "release", "releases", "test", "tests", "than", "that", "their", "them", "they",
+    "this", "true", "false", "were", "what", "when", "which", "with", "without",
+];
+
+/// What a run's results contain: the numbers and the words of their string values (keys
+/// are structure, not facts: a finding "passed" cites nothing).
+struct Facts {
+    numbers: Vec<f64>,
+    words: std::collections::HashSet<String>,
+}
+
+impl Facts {
+    fn of<'a>(results: impl Iterator<Item = &'a Value>) -> Self {
+        let mut facts = Facts {
+            numbers: Vec::new(),
+            words: std::collections::HashSet::new(),
+        };
+        let mut stack: Vec<&Value> = results.collect();
+        while let Some(value) = stack.pop() {
+            match value {
+                Value::Number(n) => facts.numbers.extend(n.as_f64()),
+                Value::String(s) => {
+                    for token in tokens(s) {
+                        if let Some(n) = number(&token) {
+                            facts.numbers.push(n);
+                        }
+                        facts.words.insert(token);
+                    }
+                }
+                Value::Array(items) => stack.extend(items),
+                Value::Object(map) => stack.extend(map.values()),
+                Value::Bool(_) | Value::Null => {}
+            }
+        }
+        facts
+    }
+
+    /// Whether `text` cites a number (as is, or as a percentage of a fraction) or a
+    /// distinctive word of the results.
+    fn cited_by(&self, text: &str) -> bool {
+        tokens(text).iter().any(|token| match number(token) {
+            Some(n) => self.numbers.iter().any(|&m| {
+                close(n, m) || (token.ends_with('%') && close(n / 100.0, m)) || close(n, m * 100.0)
+            }),
+            None => {
+                token.chars().count() >= 4
+                    && !COMMON.contains(&token.as_str())
+                    && self.words.contains(token)
+            }
+        })
+    }
+}
+
+/// Lowercase tokens: runs of letters, digits and `_ . % -` inside words (`test_x`,
+/// `1.0.215`, `2%`), without leading or trailing punctuation.
+fn tokens(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '%' | '-')))
+        .map(|t| t.trim_matches(|c: char| matches!(c, '.' | '-' | '_')))
+        .filter(|t| !t.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// A token that is a number (`450`, `0.78`, `2%`, `-3`).
+fn number(token: &str) -> Option<f64> {
+    token
+        .trim_end_matches('%')
+        .parse::<f64>()
+        .ok()
+        .filter(|n| n.is_finite())
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9_f64.max(b.abs() * 1e-6)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn rule() -> CallRule {
+        CallRule {
+            tool: "file_risk_report".into(),
+            after: vec!["get_release_summary".into(), "get_test_details".into()],
+            same: vec!["release_id".into()],
+            max_successes: Some(1),
+            grounded: vec!["/findings".into()],
+        }
+    }
+
+    fn summary() -> Value {
+        json!({"version": "v2.1.0", "changes": ["Added payment processing"],
+               "tests": {"passed": 142, "failed": 2},
+               "deployment_metrics": {"error_rate": 0.02, "response_time_p95": 450}})
+    }
+
+    fn details() -> Value {
+        json!({"failing_tests": [{"name": "payments::capture::test_capture_partial_refund"}]})
+    }
+
+    #[test]
+    fn the_reads_must_come_first_for_the_same_release() {
+        let report = json!({"release_id": "v2.1.0", "findings": ["2 payment tests fail"]});
+        let args_a = json!({"release_id": "v2.1.0"});
+        let args_b = json!({"release_id": "v2.0.3"});
+        let (s, d) = (summary(), details());
+        let none = check_call(&[rule()], "file_risk_report", &report, &[], &[]).unwrap_err();
+        assert!(none.contains("still missing: `get_release_summary` and `get_test_details`"));
+        assert!(none.contains("`release_id` \"v2.1.0\""), "{none}");
+        let other_release = [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: &args_a,
+                result: &s,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: &args_b,
+                result: &d,
+            },
+        ];
+        let error =
+            check_call(&[rule()], "file_risk_report", &report, &other_release, &[]).unwrap_err();
+        assert!(
+            error.contains("still missing: `get_test_details`."),
+            "{error}"
+        );
+        let both = [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: &args_a,
+                result: &s,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: &args_a,
+                result: &d,
+            },
+        ];
+        check_call(&[rule()], "file_risk_report", &report, &both, &[]).unwrap();
+        // Two filings in one turn: the second is refused before either runs.
+        let twice = check_call(
+            &[rule()],
+            "file_risk_report",
+            &report,
+            &both,
+            &["file_risk_report"],
+        )
+        .unwrap_err();
+        assert!(
+            twice.contains("already being called in this turn"),
+            "{twice}"
+        );
+        // Rules about other tools do not apply.
+        check_call(&[rule()], "get_release_summary", &args_a, &[], &[]).unwrap();
+    }
+
+    #[test]
+    fn a_tool_succeeds_at_most_max_successes_times() {
+        let args = json!({"release_id": "v2.1.0"});
+        let (s, d) = (summary(), details());
+        let filed = json!({"report_id": "rr-1"});
+        let report = json!({"release_id": "v2.1.0", "findings": ["error rate 2%"]});
+        let past = [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: &args,
+                result: &s,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: &args,
+                result: &d,
+            },
+            PastCall {
+                tool: "file_risk_report",
+                arguments: &report,
+                result: &filed,
+            },
+        ];
+        let error = check_call(&[rule()], "file_risk_report", &report, &past, &[]).unwrap_err();
+        assert!(
+            error.contains("already succeeded once in this run"),
+            "{error}"
+        );
+        assert!(error.contains("at most once per run"), "{error}");
+    }
+
+    #[test]
+    fn findings_must_cite_what_the_tools_returned() {
+        let args = json!({"release_id": "v2.1.0"});
+        let (s, d) = (summary(), details());
+        let past = [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: &args,
+                result: &s,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: &args,
+                result: &d,
+            },
+        ];
+        let grounded = json!({"release_id": "v2.1.0", "findings": [
+            "Error rate 2% against its baseline",
+            "p95 latency 450 ms",
+            "test_capture_partial_refund fails",
+            "Adds payment processing",
+            "142 tests pass"
+        ]});
+        check_call(&[rule()], "file_risk_report", &grounded, &past, &[]).unwrap();
+        let meaningless = json!({"release_id": "v2.1.0",
+            "findings": ["passed", "failed", "The release looks fine", "error rate 7%"]});
+        let error =
+            check_call(&[rule()], "file_risk_report", &meaningless, &past, &[]).unwrap_err();
+        for bad in [
+            "/findings/0 \"passed\"",
+            "/findings/1 \"failed\"",
+            "/findings/2",
+            "/findings/3",
+        ] {
+            assert!(error.contains(bad), "{bad} not in {error}");
+        }
+    }
+
+    #[test]
+    fn tokens_keep_identifiers_versions_and_percentages() {
+        assert_eq!(
+            tokens("Bumped serde 1.0.210 -> 1.0.215; 2% of payments::capture::test_x."),
+            [
+                "bumped", "serde", "1.0.210", "1.0.215", "2%", "of", "payments", "capture",
+                "test_x"
+            ]
+        );
+        assert_eq!(number("2%"), Some(2.0));
+        assert_eq!(number("1.0.210"), None);
+    }
+}
