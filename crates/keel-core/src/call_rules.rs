@@ -213,6 +213,14 @@ impl Facts {
                         if let Some(n) = number(&token) {
                             facts.numbers.push(n);
                         }
+                        // `payments::test_capture_refund` is cited by its parts too
+                        // ("capture refund fails").
+                        facts.words.extend(
+                            token
+                                .split(['_', '.', '-'])
+                                .filter(|part| !part.is_empty() && *part != token)
+                                .map(str::to_string),
+                        );
                         facts.words.insert(token);
                     }
                 }
@@ -250,8 +258,16 @@ fn tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// A token that is a number (`450`, `0.78`, `2%`, `-3`).
+/// A token that is a number (`450`, `0.78`, `2%`, `-3`, or a number word: `zero`…`twelve`,
+/// as in "zero tests ran").
 fn number(token: &str) -> Option<f64> {
+    const WORDS: [&str; 13] = [
+        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+        "eleven", "twelve",
+    ];
+    if let Some(n) = WORDS.iter().position(|w| *w == token) {
+        return u32::try_from(n).ok().map(f64::from);
+    }
     token
         .trim_end_matches('%')
         .parse::<f64>()
@@ -398,7 +414,9 @@ mod tests {
             "p95 latency 450 ms",
             "test_capture_partial_refund fails",
             "Adds payment processing",
-            "142 tests pass"
+            "142 tests pass",
+            "capture partial refund is broken",
+            "two payment tests fail"
         ]});
         check_call(&[rule()], "file_risk_report", &grounded, &past, &[]).unwrap();
         let meaningless = json!({"release_id": "v2.1.0",
@@ -425,6 +443,7 @@ mod tests {
             ]
         );
         assert_eq!(number("2%"), Some(2.0));
+        assert_eq!(number("zero"), Some(0.0));
         assert_eq!(number("1.0.210"), None);
     }
 }
