@@ -6,4 +6,5 @@ mod common;
 
 mod cancellation;
 mod local_model;
+mod pull;
 mod random_catalogs;
