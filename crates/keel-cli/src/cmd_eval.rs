@@ -261,71 +261,189 @@ async fn eval_run(args: EvalRunArgs) -> Result<u8, CliError> {
             );
         }
     }
-    let trials = args.trials.unwrap_or(suite.suite.trials).max(1);
-    let total = (suite.scenarios.len() as u64).saturating_mul(u64::from(trials));
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} trials  {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let progress_bar = bar.clone();
-    let options = RunOptions {
-        model: args.model.clone(),
-        base_url: args.base_url.clone(),
-        store: args.store.clone(),
-        trials: args.trials,
-        timeout: args
-            .timeout
-            .map_or(keel_eval::DEFAULT_TRIAL_TIMEOUT, Duration::from_secs),
-        judge,
-        setup: hook
-            .clone()
-            .map(|hook| hook as Arc<dyn keel_eval::TrialSetup>),
-        progress: Some(Arc::new(move |p: &Progress| match p.status {
-            None => progress_bar.set_message(format!("{} #{}", p.scenario, p.trial)),
-            Some(_) => progress_bar.inc(1),
-        })),
+    // The models to run: --model, else each of the suite's `models` (a matrix: one
+    // report per model under <out>/<model>/ and a table comparing them), else the agent's.
+    let models: Vec<Option<String>> = match (&args.model, suite.suite.models.as_slice()) {
+        (Some(model), _) => vec![Some(model.clone())],
+        (None, []) => vec![None],
+        (None, listed) => listed.iter().cloned().map(Some).collect(),
     };
-    let result = keel_eval::run_suite(hooked_app.as_ref().unwrap_or(app()), &suite, &options).await;
-    bar.finish_and_clear();
-    drop(options);
+    if models.len() > 1 && (args.save_baseline.is_some() || args.baseline.is_some()) {
+        return Err(CliError::usage(format!(
+            "--save-baseline and --baseline compare one model's runs, and the suite lists {} \
+             models: pick one with --model",
+            models.len()
+        )));
+    }
+    let runs = EvalRuns {
+        args: &args,
+        suite: &suite,
+        app: hooked_app.as_ref().unwrap_or(app()),
+        judge,
+        hook: hook.clone(),
+        baseline: baseline.as_ref(),
+    };
+    let mut outcomes = Vec::new();
+    for model in &models {
+        let dir = match (models.len(), model) {
+            (1, _) | (_, None) => out.clone(),
+            (_, Some(model)) => out.join(model_dir_name(model)),
+        };
+        if models.len() > 1 {
+            println!(
+                "\n== model {} ==",
+                model.as_deref().unwrap_or("(the agent's)")
+            );
+        }
+        outcomes.push((model.clone(), runs.run(model.clone(), &dir).await));
+    }
     if let Some(hook) = hook.and_then(Arc::into_inner) {
         hook.shutdown().await;
     }
-    let mut report = result.map_err(eval_error)?;
-    let comparison = baseline.as_ref().map(|(_, _, baseline)| {
-        let comparison = keel_eval::compare(&report, baseline, args.threshold);
-        report.attach(&comparison);
-        comparison
-    });
-    let html_options = keel_eval::HtmlOptions {
-        trace_url: args.trace_url.clone(),
-        subtitle: Some(run_subtitle(&args, trials)),
-    };
-    let (json_path, html_path) = write_report(&out, &report, &html_options)?;
-    print_summary(&report);
-    println!("report: {}", json_path.display());
-    println!("html:   {}", html_path.display());
-    save_run(&args, &report).await?;
-    let all_passed = report
-        .scenarios
+    if models.len() > 1 {
+        print_matrix(&outcomes);
+    }
+    let mut code = 0;
+    for (_, outcome) in outcomes {
+        code = code.max(outcome?.0);
+    }
+    Ok(code)
+}
+
+/// What every model's run of a suite shares.
+struct EvalRuns<'a> {
+    args: &'a EvalRunArgs,
+    suite: &'a Suite,
+    app: &'a keel_app::App,
+    judge: Option<Arc<dyn keel_eval::Judge>>,
+    hook: Option<Arc<ReleaseServiceHook>>,
+    baseline: Option<&'a (String, keel_store::EvalRunId, EvalReport)>,
+}
+
+impl EvalRuns<'_> {
+    /// Runs the suite on `model` (None: the agent's), writes the reports into `out`, prints
+    /// the table, saves the run; the exit code (0 all passed, 1 otherwise or regressed).
+    async fn run(&self, model: Option<String>, out: &Path) -> Result<(u8, EvalReport), CliError> {
+        let (args, suite) = (self.args, self.suite);
+        let trials = args.trials.unwrap_or(suite.suite.trials).max(1);
+        let total = (suite.scenarios.len() as u64).saturating_mul(u64::from(trials));
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} trials  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let progress_bar = bar.clone();
+        let options = RunOptions {
+            model: model.clone(),
+            base_url: args.base_url.clone(),
+            store: args.store.clone(),
+            trials: args.trials,
+            timeout: args
+                .timeout
+                .map_or(keel_eval::DEFAULT_TRIAL_TIMEOUT, Duration::from_secs),
+            judge: self.judge.clone(),
+            setup: self
+                .hook
+                .clone()
+                .map(|hook| hook as Arc<dyn keel_eval::TrialSetup>),
+            progress: Some(Arc::new(move |p: &Progress| match p.status {
+                None => progress_bar.set_message(format!("{} #{}", p.scenario, p.trial)),
+                Some(_) => progress_bar.inc(1),
+            })),
+        };
+        let result = keel_eval::run_suite(self.app, suite, &options).await;
+        bar.finish_and_clear();
+        let mut report = result.map_err(eval_error)?;
+        let comparison = self.baseline.map(|(_, _, baseline)| {
+            let comparison = keel_eval::compare(&report, baseline, args.threshold);
+            report.attach(&comparison);
+            comparison
+        });
+        let html_options = keel_eval::HtmlOptions {
+            trace_url: args.trace_url.clone(),
+            subtitle: Some(run_subtitle(model.as_deref(), trials)),
+        };
+        let (json_path, html_path) = write_report(out, &report, &html_options)?;
+        print_summary(&report);
+        println!("report: {}", json_path.display());
+        println!("html:   {}", html_path.display());
+        save_run(args, model.as_deref(), &report).await?;
+        let all_passed = report
+            .scenarios
+            .iter()
+            .all(|s| s.status == ScenarioStatus::Passed);
+        let regressed = match (&comparison, self.baseline) {
+            (Some(comparison), Some((name, run, _))) => {
+                println!("compared with baseline {name} (eval run {run}):");
+                print_comparison(comparison);
+                comparison.is_regression()
+            }
+            _ => false,
+        };
+        Ok((if all_passed && !regressed { 0 } else { 1 }, report))
+    }
+}
+
+/// A directory name for a model spec (`openai:gpt-4.1` → `openai-gpt-4.1`).
+fn model_dir_name(model: &str) -> String {
+    model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// One model's run of a suite: its exit code and report, or why it could not run.
+type ModelOutcome = (Option<String>, Result<(u8, EvalReport), CliError>);
+
+/// The model matrix: one line per model with its pass rate and average scores.
+fn print_matrix(outcomes: &[ModelOutcome]) {
+    println!("\nmodel matrix:");
+    let width = outcomes
         .iter()
-        .all(|s| s.status == ScenarioStatus::Passed);
-    let regressed = match (&comparison, &baseline) {
-        (Some(comparison), Some((name, run, _))) => {
-            println!("compared with baseline {name} (eval run {run}):");
-            print_comparison(comparison);
-            comparison.is_regression()
+        .map(|(m, _)| m.as_deref().map_or(8, |m| m.chars().count()))
+        .max()
+        .unwrap_or(8)
+        .max(5);
+    println!(
+        "{:<width$}  {:>9}  {:>6}  average scores",
+        "model", "pass rate", "passed"
+    );
+    for (model, outcome) in outcomes {
+        let model = model.as_deref().unwrap_or("(agent's)");
+        match outcome {
+            Ok((_, report)) => {
+                let s = &report.summary;
+                let averages: Vec<String> = s
+                    .avg_scores
+                    .iter()
+                    .map(|(d, v)| format!("{}={v:.2}", d.as_str()))
+                    .collect();
+                println!(
+                    "{model:<width$}  {:>9.2}  {:>6}  {}",
+                    s.pass_rate,
+                    format!("{}/{}", s.passed, s.total_scenarios),
+                    averages.join(" ")
+                );
+            }
+            Err(error) => println!("{model:<width$}  could not run: {}", error.message),
         }
-        _ => false,
-    };
-    Ok(if all_passed && !regressed { 0 } else { 1 })
+    }
 }
 
 /// Saves the run in the store (and as baseline `--save-baseline`), saying where.
-async fn save_run(args: &EvalRunArgs, report: &EvalReport) -> Result<(), CliError> {
+async fn save_run(
+    args: &EvalRunArgs,
+    model: Option<&str>,
+    report: &EvalReport,
+) -> Result<(), CliError> {
     let results = open_results(args.store.as_deref()).await?;
-    let run = keel_eval::save_report(results.as_ref(), report, args.model.as_deref())
+    let run = keel_eval::save_report(results.as_ref(), report, model)
         .await
         .map_err(|e| CliError::failure(format!("cannot save the run in the store: {e}")))?;
     println!(
@@ -374,11 +492,8 @@ fn eval_error(error: EvalError) -> CliError {
 }
 
 /// The HTML report's line under the title: when, how many trials, which model.
-fn run_subtitle(args: &EvalRunArgs, trials: u32) -> String {
-    let model = args
-        .model
-        .as_deref()
-        .map_or(String::from("the suite's model"), |m| format!("model {m}"));
+fn run_subtitle(model: Option<&str>, trials: u32) -> String {
+    let model = model.map_or(String::from("the agent's model"), |m| format!("model {m}"));
     format!(
         "{} · {trials} trial(s) per scenario · {model}",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")

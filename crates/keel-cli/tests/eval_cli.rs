@@ -526,3 +526,74 @@ fn baselines_live_in_the_store_and_gate_a_worse_run() {
         show(&bad)
     );
 }
+
+#[test]
+fn a_suite_listing_models_runs_each_and_prints_the_matrix() {
+    let dir = setup();
+    let path = dir.path();
+    let suite = SUITE.replace(
+        "agent = \"calc\"",
+        "agent = \"calc\"\nmodels = [\"openai:good\", \"openai:worse\"]",
+    );
+    std::fs::write(path.join("matrix.toml"), suite).unwrap();
+    // One mock serves both models in run order: the good turns, then the worse ones.
+    let mut turns = good_script()["turns"].as_array().unwrap().clone();
+    turns.extend(worse_script()["turns"].as_array().unwrap().iter().cloned());
+    std::fs::write(
+        path.join("both.json"),
+        json!({ "turns": turns }).to_string(),
+    )
+    .unwrap();
+    let mock = MockLlm::start(path, "both.json");
+    let output = keel(
+        path,
+        &[
+            "eval",
+            "run",
+            "matrix.toml",
+            "--base-url",
+            &mock.base_url,
+            "--out",
+            "out",
+        ],
+    );
+    let shown = show(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let report = |model: &str| -> Value {
+        let text = std::fs::read_to_string(path.join("out").join(model).join("report.json"))
+            .unwrap_or_else(|e| panic!("no report for {model} ({e}):\n{shown}"));
+        serde_json::from_str(&text).unwrap()
+    };
+    assert_eq!(report("openai-good")["summary"]["passed"], 3, "{shown}");
+    assert_eq!(report("openai-worse")["summary"]["passed"], 1, "{shown}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("== model openai:good =="), "{shown}");
+    assert!(stdout.contains("model matrix:"), "{shown}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("openai:good") && l.contains("3/3")),
+        "{shown}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("openai:worse") && l.contains("1/3")),
+        "{shown}"
+    );
+    // A baseline compares one model's runs: with a matrix it needs --model.
+    let refused = keel(
+        path,
+        &[
+            "eval",
+            "run",
+            "matrix.toml",
+            "--base-url",
+            &mock.base_url,
+            "--save-baseline",
+            "m",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", show(&refused));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("pick one with --model"));
+}

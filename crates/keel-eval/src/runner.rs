@@ -53,8 +53,8 @@ pub enum EvalError {
     },
     /// The suite lists several models and none was chosen.
     #[error(
-        "suite.models lists {0} models; running a model matrix is not supported yet — pass one \
-         with --model"
+        "suite.models lists {0} models and run_suite runs one: pick it with RunOptions::model \
+         (`keel eval run` runs each model in turn, a matrix)"
     )]
     Models(usize),
     /// The store could not be opened.
