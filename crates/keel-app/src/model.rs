@@ -3,7 +3,8 @@
 //! `[providers.<name>]` (base URL, key variable, timeouts, retry) under the alias's own
 //! `retry` and `call_timeout_ms`; an alias's `pricing` replaces the built-in price (so the
 //! cost runs report and budgets use changes), and its `temperature`, `max_output_tokens`
-//! and `context_window` are returned as [`ModelSettings`] for the agent.
+//! and `context_window` are returned as [`ModelSettings`] for the agent. A `local:` model
+//! runs on [`LOCAL_THREADS_ENV`] llama.cpp threads when that variable is set.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +76,7 @@ pub fn build_model(
         message,
     };
     if let Some(name) = spec.strip_prefix("local:") {
-        return local_model(spec, name);
+        return local_model(spec, name, local_threads(spec, env)?);
     }
     if let Some(problem) = spec_problem(config, spec) {
         return Err(error(problem));
@@ -85,9 +86,40 @@ pub fn build_model(
     keel_providers::model_from_spec(&provider_spec, &options).map_err(|e| error(e.to_string()))
 }
 
+/// The environment variable that sets how many CPU threads an embedded `local:` model
+/// computes on (decoding and prompt processing). Unset: the number of cores, at most 8.
+/// On a machine whose cores are busy with other work, one thread is several times faster
+/// than two (llama.cpp's threads spin while they wait for each other).
+pub const LOCAL_THREADS_ENV: &str = "KEEL_LOCAL_THREADS";
+
+/// The thread count [`LOCAL_THREADS_ENV`] sets, if it is set; an error naming the variable
+/// when it is not a positive whole number.
+fn local_threads(
+    spec: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<u32>, AppError> {
+    let Some(value) = env(LOCAL_THREADS_ENV).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u32>() {
+        Ok(threads) if threads > 0 => Ok(Some(threads)),
+        _ => Err(AppError::Model {
+            spec: spec.to_string(),
+            message: format!(
+                "{LOCAL_THREADS_ENV} must be a positive number of threads, got `{value}` \
+                 (unset it to use every core, at most 8)"
+            ),
+        }),
+    }
+}
+
 #[cfg(feature = "local")]
-fn local_model(spec: &str, name: &str) -> Result<Arc<dyn Model>, AppError> {
-    keel_local::LocalModel::load_spec(name, keel_local::LocalModelOptions::default())
+fn local_model(spec: &str, name: &str, threads: Option<u32>) -> Result<Arc<dyn Model>, AppError> {
+    let mut options = keel_local::LocalModelOptions::default();
+    if let Some(threads) = threads {
+        options = options.with_threads(threads);
+    }
+    keel_local::LocalModel::load_spec(name, options)
         .map(|model| Arc::new(model) as Arc<dyn Model>)
         .map_err(|e| AppError::Model {
             spec: spec.to_string(),
@@ -96,7 +128,7 @@ fn local_model(spec: &str, name: &str) -> Result<Arc<dyn Model>, AppError> {
 }
 
 #[cfg(not(feature = "local"))]
-fn local_model(spec: &str, _name: &str) -> Result<Arc<dyn Model>, AppError> {
+fn local_model(spec: &str, _name: &str, _threads: Option<u32>) -> Result<Arc<dyn Model>, AppError> {
     Err(AppError::Model {
         spec: spec.to_string(),
         message: "this build has no embedded local models (keel-app's `local` feature)".into(),
@@ -229,7 +261,7 @@ pub fn default_model_spec(env: &dyn Fn(&str) -> Option<String>) -> (String, Opti
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     const CONFIG: &str = r#"
@@ -298,5 +330,27 @@ model = "gateway:gpt-4o"
         let (spec, notice) = default_model_spec(&|_| None);
         assert_eq!(spec, "local:smollm2");
         assert!(notice.unwrap().contains("no API key"));
+    }
+
+    #[test]
+    fn local_threads_come_from_the_environment_and_are_checked() {
+        let set = |value: &'static str| {
+            move |name: &str| (name == LOCAL_THREADS_ENV).then(|| value.to_string())
+        };
+        assert_eq!(local_threads("local:smollm2", &|_| None).unwrap(), None);
+        assert_eq!(local_threads("local:smollm2", &set("")).unwrap(), None);
+        assert_eq!(
+            local_threads("local:smollm2", &set(" 1 ")).unwrap(),
+            Some(1)
+        );
+        for bad in ["0", "-1", "two"] {
+            let Err(AppError::Model { spec, message }) = local_threads("local:smollm2", &set(bad))
+            else {
+                panic!("{bad} accepted");
+            };
+            assert_eq!(spec, "local:smollm2");
+            assert!(message.contains("KEEL_LOCAL_THREADS"), "{message}");
+            assert!(message.contains(&format!("`{bad}`")), "{message}");
+        }
     }
 }

@@ -22,6 +22,7 @@ mod durable_crash;
 mod durable_workers;
 mod eval_cli;
 mod golden_replay;
+mod local_subset;
 mod policy_cli;
 mod providers_e2e;
 mod resume_failed;
