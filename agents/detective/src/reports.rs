@@ -85,8 +85,9 @@ fn string_list(
     field: &str,
     required: bool,
 ) -> Result<Vec<String>, FieldError> {
+    // The example quotes no fixture's figures (a model copies examples: issue 19).
     let fix = format!(
-        "send `{field}` as a non-empty array of non-empty strings, e.g. [\"2 payment tests fail\"]"
+        "send `{field}` as a non-empty array of non-empty strings, e.g. [\"13 of 97 ledger tests fail\"]"
     );
     match body.get(field) {
         None | Some(Value::Null) if !required => Ok(Vec::new()),
@@ -155,7 +156,7 @@ pub fn validate(
             return Err(FieldError::new(
                 "release_id",
                 "`release_id` is required and must be a non-empty string",
-                "send the id of the release you assessed, e.g. \"v2.1.0\"",
+                "send the id of the release you assessed, e.g. \"v4.8.1\"",
             ));
         }
     };

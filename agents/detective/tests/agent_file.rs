@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use keel_app::{AgentRef, AgentRequest, App, AppError, BuiltAgent, Env};
 use keel_config::AgentDefinition;
-use keel_core::{Effect, Model};
+use keel_core::{CallRule, Effect, Model, PastCall, check_call};
 use keel_detective::DETECTIVE_AGENT_TOML;
 use keel_testkit::ScriptedModel;
+use serde_json::Value;
 
 fn model() -> Arc<dyn Model> {
     Arc::new(ScriptedModel::new(vec![]))
@@ -81,6 +82,91 @@ async fn the_detective_file_builds_with_three_http_tools_and_a_critic() {
         agent.system_prompt().contains("high:"),
         "severity criteria are in the prompt"
     );
+}
+
+#[test]
+fn filing_is_guarded_by_call_rules() {
+    let file = AgentDefinition::parse(DETECTIVE_AGENT_TOML, "agent.toml").unwrap();
+    assert_eq!(
+        file.call_rules.unwrap(),
+        [CallRule {
+            tool: "file_risk_report".into(),
+            after: vec!["get_release_summary".into(), "get_test_details".into()],
+            same: vec!["release_id".into()],
+            max_successes: Some(1),
+            grounded: vec!["/findings".into()],
+        }]
+    );
+}
+
+/// The `file_risk_report` arguments shown in the usage guides (`- {"release_id": …}`).
+fn usage_examples() -> Vec<Value> {
+    DETECTIVE_AGENT_TOML
+        .lines()
+        .filter_map(|l| l.strip_prefix("- {\"release_id\""))
+        .map(|rest| {
+            let text = format!("{{\"release_id\"{rest}");
+            serde_json::Deserializer::from_str(&text)
+                .into_iter::<Value>()
+                .next()
+                .unwrap()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Issue 19: small models copied the usage guide's example, whose figures were v2.1.0's
+/// real ones, and it passed for a real report. The examples now use an invented release
+/// and figures: copied for any fixture release, after both reads of that release, every
+/// finding of theirs is refused as citing nothing the tools returned.
+#[test]
+fn the_usage_examples_cite_nothing_any_fixture_serves() {
+    let rules = AgentDefinition::parse(DETECTIVE_AGENT_TOML, "agent.toml")
+        .unwrap()
+        .call_rules
+        .unwrap();
+    let releases = keel_detective::fixtures::embedded().unwrap();
+    let examples = usage_examples();
+    assert_eq!(examples.len(), 3, "{examples:#?}");
+    let with_findings: Vec<&Value> = examples
+        .iter()
+        .filter(|e| e["findings"].as_array().is_some_and(|f| !f.is_empty()))
+        .collect();
+    assert_eq!(with_findings.len(), 2, "{examples:#?}");
+    for example in &examples {
+        let id = example["release_id"].as_str().unwrap();
+        assert!(!releases.contains_key(id), "{id} is a fixture release");
+    }
+    for release in releases.values() {
+        let read = serde_json::json!({"release_id": release.id});
+        let past = [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: &read,
+                result: &release.summary,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: &read,
+                result: &release.test_details,
+            },
+        ];
+        for example in &with_findings {
+            let mut copied = (*example).clone();
+            copied["release_id"] = Value::from(release.id.clone());
+            let Err(refused) = check_call(&rules, "file_risk_report", &copied, &past, &[]) else {
+                panic!("{copied} passes for {}", release.id);
+            };
+            let findings = copied["findings"].as_array().unwrap();
+            for (i, finding) in findings.iter().enumerate() {
+                assert!(
+                    refused.contains(&format!("/findings/{i} {finding}")),
+                    "{}: finding {i} of {copied} cites something: {refused}",
+                    release.id
+                );
+            }
+        }
+    }
 }
 
 #[test]

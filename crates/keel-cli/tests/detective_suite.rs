@@ -6,6 +6,15 @@
 //! filing, a 503 on filing absorbed by the idempotent retry). The script answers three
 //! scenarios badly on purpose; the test checks the statuses and scores worked out by hand
 //! from the suite's checks.
+//!
+//! The agent file's call rules apply (docs/detective.md, "Guards"): the script files only
+//! after both reads of the release succeeded, once per scenario, and every finding quotes
+//! a figure, test name or change of that run's tool results — a finding such as "Flaky UI
+//! test fails" or "All tests pass; p95 improved" would be refused and shift every later
+//! turn of the script. Under malformed test details (v2.5.0) the read still succeeds
+//! (the tool returns the cut-off body as text), so the report is filed, citing the failing
+//! test named in the part that arrived; where a read never succeeds (v2.7.0-broken, both
+//! reads 503) the script files nothing, which the rules would refuse anyway.
 
 use std::process::Command;
 use std::time::Duration;
@@ -191,8 +200,9 @@ fn the_detective_suite_scores_a_scripted_model_as_computed_by_hand() {
     }
 
     // The release service filed one report per scenario that filed successfully: 22
-    // minus three without data and the rejected one; the 503 on filing was retried with
-    // the same Idempotency-Key, so it filed once.
+    // minus three without data (v2.7.0-broken, v9.9.9, both reads 503) and the rejected
+    // one (403); the 503 on filing was retried with the same Idempotency-Key, so it filed
+    // once; no scenario filed twice (max_successes = 1 would refuse it).
     let reports = std::fs::read_dir(dir.path().join("out/risk-reports"))
         .unwrap()
         .filter(|e| {

@@ -87,7 +87,12 @@ fn the_detective_golden_suite_replays_offline() {
     let output = keel(&root, &["eval", "replay", "agents/detective/eval/golden"]);
     let out = text(&output);
     assert_eq!(output.status.code(), Some(0), "{out}");
-    for name in ["v1.9.8-low", "v2.1.0-high", "v9.9.9-unknown"] {
+    for name in [
+        "v1.9.8-low",
+        "v2.1.0-high",
+        "v2.4.0-guarded",
+        "v9.9.9-unknown",
+    ] {
         assert!(
             out.lines()
                 .any(|l| l.starts_with("ok ") && l.contains(&format!("{name}.json"))),
@@ -95,7 +100,7 @@ fn the_detective_golden_suite_replays_offline() {
         );
     }
     assert!(
-        out.contains("replay: 3 cassettes, 3 passed, 0 failed"),
+        out.contains("replay: 4 cassettes, 4 passed, 0 failed"),
         "{out}"
     );
 }
@@ -148,7 +153,13 @@ fn renaming_a_tool_in_the_agent_fails_the_replay_with_a_readable_diff() {
     let cassette = record(dir.path());
     let agent = std::fs::read_to_string(workspace_root().join("agents/detective/agent.toml"))
         .unwrap()
-        .replace("name = \"get_test_details\"", "name = \"get_test_report\"");
+        .replace("name = \"get_test_details\"", "name = \"get_test_report\"")
+        // The call rule on `file_risk_report` names the tool too (else the agent does not
+        // build: a rule naming a tool the agent lacks is a configuration error).
+        .replace(
+            "after = [\"get_release_summary\", \"get_test_details\"]",
+            "after = [\"get_release_summary\", \"get_test_report\"]",
+        );
     std::fs::write(dir.path().join("renamed.toml"), agent).unwrap();
     let output = keel(
         dir.path(),
@@ -201,7 +212,9 @@ fn allowed_differences_do_not_fail_the_replay() {
     let output = keel(dir.path(), &["eval", "replay", "ids.json"]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output));
 
-    // A live model whose findings and final text differ: a deviation…
+    // A live model whose findings and final text differ: a deviation… (still citing the
+    // recorded data: a finding citing nothing the tools returned would be refused, and
+    // the refusal is a different outcome, which no allowance tolerates)
     let script = dir.path().join("reworded.json");
     let reworded = std::fs::read_to_string(
         workspace_root().join("agents/detective/eval/golden-scripts/v2.1.0-high.json"),
@@ -209,7 +222,7 @@ fn allowed_differences_do_not_fail_the_replay() {
     .unwrap()
     .replace(
         "Error rate 2% against a 0.4% baseline",
-        "Error rate is 5x its baseline",
+        "Error rate is five times its 0.4% baseline",
     )
     .replace("Filed the report.", "Report filed.");
     std::fs::write(&script, reworded).unwrap();

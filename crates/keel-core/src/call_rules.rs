@@ -141,7 +141,10 @@ fn check_grounded(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> 
     if rule.grounded.is_empty() {
         return Ok(());
     }
-    let facts = Facts::of(past.iter().map(|c| c.result));
+    let mut facts = Facts::of(past.iter().map(|c| c.result));
+    // The values the call shares with its reads (`release_id`) name what is assessed, not
+    // evidence about it: "v2.1.0 looks fine" cites nothing, though `v2.1.0` came back.
+    facts.exclude(rule.same.iter().filter_map(|key| arguments.get(key)));
     let mut ungrounded = Vec::new();
     for pointer in &rule.grounded {
         match arguments.pointer(pointer) {
@@ -196,6 +199,8 @@ const COMMON: &[&str] = &[
 struct Facts {
     numbers: Vec<f64>,
     words: std::collections::HashSet<String>,
+    /// Tokens that never count (see [`Facts::exclude`]).
+    excluded: std::collections::HashSet<String>,
 }
 
 impl Facts {
@@ -203,6 +208,7 @@ impl Facts {
         let mut facts = Facts {
             numbers: Vec::new(),
             words: std::collections::HashSet::new(),
+            excluded: std::collections::HashSet::new(),
         };
         let mut stack: Vec<&Value> = results.collect();
         while let Some(value) = stack.pop() {
@@ -232,10 +238,22 @@ impl Facts {
         facts
     }
 
+    /// Stops the string values in `values` (and their tokens) from counting as citations.
+    fn exclude<'a>(&mut self, values: impl Iterator<Item = &'a Value>) {
+        for text in values.filter_map(Value::as_str) {
+            for token in tokens(text) {
+                self.words.remove(&token);
+                self.excluded.insert(token);
+            }
+        }
+    }
+
     /// Whether `text` cites a number (as is, or as a percentage of a fraction) or a
     /// distinctive word of the results.
     fn cited_by(&self, text: &str) -> bool {
-        tokens(text).iter().any(|token| match number(token) {
+        let words = tokens(text);
+        let mut cited = words.iter().filter(|t| !self.excluded.contains(*t));
+        cited.any(|token| match number(token) {
             Some(n) => self.numbers.iter().any(|&m| {
                 close(n, m) || (token.ends_with('%') && close(n / 100.0, m)) || close(n, m * 100.0)
             }),
@@ -420,7 +438,8 @@ mod tests {
         ]});
         check_call(&[rule()], "file_risk_report", &grounded, &past, &[]).unwrap();
         let meaningless = json!({"release_id": "v2.1.0",
-            "findings": ["passed", "failed", "The release looks fine", "error rate 7%"]});
+            "findings": ["passed", "failed", "The release looks fine", "error rate 7%",
+                         "v2.1.0 is fine", "Release v2.1.0: fine"]});
         let error =
             check_call(&[rule()], "file_risk_report", &meaningless, &past, &[]).unwrap_err();
         for bad in [
@@ -428,6 +447,8 @@ mod tests {
             "/findings/1 \"failed\"",
             "/findings/2",
             "/findings/3",
+            "/findings/4",
+            "/findings/5",
         ] {
             assert!(error.contains(bad), "{bad} not in {error}");
         }

@@ -1,10 +1,19 @@
 //! The output grammar of a local generation and the parser of what it produced.
 //!
-//! An answer is EITHER plain text (or, with a response schema, one JSON value) OR one
-//! block of tool calls in the format SmolLM2 was trained on:
+//! An answer is EITHER plain text (or, with a response schema, one JSON value) OR tool
+//! calls in the model family's format ([`ToolFormat`]): one block holding a JSON array,
+//! as SmolLM2 was trained on,
 //!
 //! ```text
 //! <tool_call>[{"name": "calculator", "arguments": {"expression": "17*23"}}]</tool_call>
+//! ```
+//!
+//! or, for Qwen2.5 (Hermes style, see `hermes`), one block per call:
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "calculator", "arguments": {"expression": "17*23"}}
+//! </tool_call>
 //! ```
 //!
 //! The grammar is llguidance Lark with one `%json{...}` per tool, so every call the model
@@ -13,7 +22,7 @@
 //! without `additionalProperties` get `false`, so the language is finite and generation
 //! always terminates. (Digit runs are bounded in the decode loop, see `engine`.)
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
@@ -28,6 +37,50 @@ pub const CALL_CLOSE: &str = "</tool_call>";
 
 /// Free text that cannot be mistaken for a tool-call block (it does not start with `<`).
 const TEXT_RULE: &str = "answer: TEXT\nTEXT: /[^<\\s](?s:.)*/\n";
+
+/// The same for the Hermes format, where text cannot start with `{` either: Qwen2.5-Coder
+/// 0.5B otherwise often writes a bare call object (`{"name": ...}`) as text instead of a
+/// `<tool_call>` block, which would escape the schema check.
+const HERMES_TEXT_RULE: &str = "answer: TEXT\nTEXT: /[^<{\\s](?s:.)*/\n";
+
+/// How a model family writes tool calls (and how its prompt shows tools and results).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFormat {
+    /// SmolLM2's: the catalogue and call format in the system turn, one
+    /// `<tool_call>[{..}, {..}]</tool_call>` block holding a JSON array, tool results as
+    /// user turns ("The calculator tool returned: 391"); the prompt is rendered by
+    /// llama.cpp's template engine from the file's chat template.
+    JsonArray,
+    /// Qwen2.5's (Hermes/ChatML): `# Tools` with `<tools>` in the system turn, one
+    /// `<tool_call>\n{..}\n</tool_call>` block per call, results in `<tool_response>`
+    /// blocks of a user turn; the prompt is rendered by Keel as Qwen's template does.
+    Hermes,
+}
+
+impl ToolFormat {
+    /// The format of a model, from its GGUF metadata: Hermes when its chat template
+    /// speaks ChatML and mentions `<tool_call>`, or when the architecture is a Qwen one
+    /// with a ChatML template; the JSON-array format otherwise.
+    pub fn detect(architecture: Option<&str>, chat_template: Option<&str>) -> Self {
+        let template = chat_template.unwrap_or_default();
+        let chatml = template.contains("<|im_start|>");
+        let qwen = architecture.is_some_and(|a| a.starts_with("qwen"));
+        if chatml && (template.contains("<tool_call>") || qwen) {
+            Self::Hermes
+        } else {
+            Self::JsonArray
+        }
+    }
+
+    /// Parses a finished output in this format.
+    pub fn parse_output(self, output: &str) -> Result<ParsedOutput, String> {
+        match self {
+            Self::JsonArray => parse_output(output),
+            Self::Hermes => crate::hermes::parse_output(output),
+        }
+    }
+}
 
 /// What the grammar allows on one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +107,7 @@ pub enum GrammarError {
 
 /// Builds the constraint for a request.
 pub fn build_constraint(
+    format: ToolFormat,
     tools: &[ToolDefinition],
     choice: &ToolChoice,
     response_schema: Option<&Value>,
@@ -81,6 +135,10 @@ pub fn build_constraint(
         }
     };
     let must_call = matches!(choice, ToolChoice::Required | ToolChoice::Tool(_));
+    let text_rule = match format {
+        ToolFormat::JsonArray => TEXT_RULE,
+        ToolFormat::Hermes => HERMES_TEXT_RULE,
+    };
     if offered.is_empty() {
         if must_call {
             return Err(GrammarError::NoTools);
@@ -88,7 +146,7 @@ pub fn build_constraint(
         return Ok(match answer {
             Some(rule) => Constraint::Lark(format!("start: answer\n{rule}")),
             // Tools exist but must not be called: no text that imitates a call block.
-            None if !tools.is_empty() => Constraint::Lark(format!("start: answer\n{TEXT_RULE}")),
+            None if !tools.is_empty() => Constraint::Lark(format!("start: answer\n{text_rule}")),
             None => Constraint::Free,
         });
     }
@@ -98,15 +156,17 @@ pub fn build_constraint(
     } else {
         lark.push_str("start: answer | calls\n");
         // Free text that cannot be mistaken for a tool-call block.
-        lark.push_str(&answer.unwrap_or_else(|| TEXT_RULE.to_string()));
+        lark.push_str(&answer.unwrap_or_else(|| text_rule.to_string()));
     }
     let more = options.max_tool_calls.saturating_sub(1);
-    if more == 0 {
-        lark.push_str(&format!("calls: \"{CALL_OPEN}[\" call \"]{CALL_CLOSE}\"\n"));
-    } else {
-        lark.push_str(&format!(
+    match format {
+        ToolFormat::Hermes => lark.push_str(&crate::hermes::calls_rule(more)),
+        ToolFormat::JsonArray if more == 0 => {
+            lark.push_str(&format!("calls: \"{CALL_OPEN}[\" call \"]{CALL_CLOSE}\"\n"));
+        }
+        ToolFormat::JsonArray => lark.push_str(&format!(
             "calls: \"{CALL_OPEN}[\" call (\", \" call){{0,{more}}} \"]{CALL_CLOSE}\"\n"
-        ));
+        )),
     }
     lark.push_str("call: ");
     for (i, tool) in offered.iter().enumerate() {
@@ -337,33 +397,112 @@ mod tests {
     fn grammar_by_tool_choice() {
         let options = LocalModelOptions::default();
         let tools = vec![tool("calc", json!({"type": "object"}))];
-        let auto = build_constraint(&tools, &ToolChoice::Auto, None, &options).unwrap();
+        let auto = build_constraint(
+            ToolFormat::JsonArray,
+            &tools,
+            &ToolChoice::Auto,
+            None,
+            &options,
+        )
+        .unwrap();
         let Constraint::Lark(auto) = auto else {
             panic!("expected a grammar")
         };
         assert!(auto.starts_with("start: answer | calls"));
-        let required = build_constraint(&tools, &ToolChoice::Required, None, &options).unwrap();
+        let required = build_constraint(
+            ToolFormat::JsonArray,
+            &tools,
+            &ToolChoice::Required,
+            None,
+            &options,
+        )
+        .unwrap();
         let Constraint::Lark(required) = required else {
             panic!("expected a grammar")
         };
         assert!(required.starts_with("start: calls"));
-        let Constraint::Lark(none) =
-            build_constraint(&tools, &ToolChoice::None, None, &options).unwrap()
-        else {
+        let Constraint::Lark(none) = build_constraint(
+            ToolFormat::JsonArray,
+            &tools,
+            &ToolChoice::None,
+            None,
+            &options,
+        )
+        .unwrap() else {
             panic!("expected a text grammar")
         };
         assert!(none.contains("TEXT: /[^<"), "{none}");
         assert_eq!(
-            build_constraint(&[], &ToolChoice::Auto, None, &options).unwrap(),
+            build_constraint(
+                ToolFormat::JsonArray,
+                &[],
+                &ToolChoice::Auto,
+                None,
+                &options
+            )
+            .unwrap(),
             Constraint::Free
         );
         assert_eq!(
-            build_constraint(&tools, &ToolChoice::Tool("nope".into()), None, &options),
+            build_constraint(
+                ToolFormat::JsonArray,
+                &tools,
+                &ToolChoice::Tool("nope".into()),
+                None,
+                &options
+            ),
             Err(GrammarError::UnknownTool("nope".into()))
         );
         assert_eq!(
-            build_constraint(&[], &ToolChoice::Required, None, &options),
+            build_constraint(
+                ToolFormat::JsonArray,
+                &[],
+                &ToolChoice::Required,
+                None,
+                &options
+            ),
             Err(GrammarError::NoTools)
+        );
+    }
+
+    #[test]
+    fn hermes_grammar_and_detection() {
+        let options = LocalModelOptions::default();
+        let tools = vec![tool("calc", json!({"type": "object"}))];
+        let Constraint::Lark(lark) = build_constraint(
+            ToolFormat::Hermes,
+            &tools,
+            &ToolChoice::Auto,
+            None,
+            &options,
+        )
+        .unwrap() else {
+            panic!("expected a grammar")
+        };
+        assert!(lark.contains("TEXT: /[^<{"), "{lark}");
+        assert!(lark.contains("calls: block (\"\\n\" block){0,3}"), "{lark}");
+        assert!(
+            lark.contains("block: \"<tool_call>\\n\" call \"\\n</tool_call>\""),
+            "{lark}"
+        );
+        let qwen = "{%- if tools %}<|im_start|>system ... <tool_call> ...";
+        assert_eq!(
+            ToolFormat::detect(Some("qwen2"), Some(qwen)),
+            ToolFormat::Hermes
+        );
+        assert_eq!(
+            ToolFormat::detect(Some("qwen2"), Some("<|im_start|>{{ m }}")),
+            ToolFormat::Hermes
+        );
+        let smol =
+            "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}";
+        assert_eq!(
+            ToolFormat::detect(Some("llama"), Some(smol)),
+            ToolFormat::JsonArray
+        );
+        assert_eq!(
+            ToolFormat::detect(Some("qwen2"), None),
+            ToolFormat::JsonArray
         );
     }
 

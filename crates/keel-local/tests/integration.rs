@@ -6,5 +6,6 @@ mod common;
 
 mod cancellation;
 mod local_model;
+mod prompt_cache;
 mod pull;
 mod random_catalogs;
