@@ -1,5 +1,6 @@
 //! The tool catalog an [`App`](crate::App) offers agents: the built-in tools, tools the
-//! caller adds, keel.toml's `[[tools.http]]` and the tools of its `[[mcp.servers]]` (the
+//! caller adds, keel.toml's `[[tools.http]]`, its `[[a2a.agents]]` (remote A2A agents as
+//! tools; nothing is fetched until a call) and the tools of its `[[mcp.servers]]` (the
 //! servers are connected once per `App`, in parallel; unavailable ones are skipped with a
 //! warning). Agents pick tools from it by name.
 
@@ -48,11 +49,13 @@ impl Catalog {
     }
 }
 
-/// Builds the catalog: built-ins, `extra`, keel.toml's HTTP tools, then `mcp`'s tools.
+/// Builds the catalog: built-ins, `extra`, keel.toml's HTTP tools and A2A agents (their
+/// credentials read from `env` at each call), then `mcp`'s tools.
 pub(crate) fn build(
     config: &KeelConfig,
     extra: &ToolRegistry,
     mcp: Option<&McpManager>,
+    env: &crate::Env,
 ) -> Result<Catalog, AppError> {
     let tool_error = |name: String, message: String| AppError::Tool { name, message };
     let mut registry =
@@ -74,6 +77,27 @@ pub(crate) fn build(
             .register(Arc::new(tool))
             .map_err(|e| tool_error(at, e.to_string()))?;
         defaults.push(name);
+    }
+    for (index, declared) in config.a2a.agents.iter().enumerate() {
+        let at = format!("keel.toml a2a.agents[{index}] `{}`", declared.name);
+        let auth = declared.auth.clone().unwrap_or_default();
+        let agent = keel_a2a::RemoteAgent {
+            name: declared.name.clone(),
+            url: declared.url.clone(),
+            description: declared.description.clone(),
+            auth: keel_a2a::Auth {
+                bearer_env: auth.bearer_env,
+                headers: auth.headers,
+            },
+            timeout: std::time::Duration::from_millis(declared.timeout_ms()),
+            env: Arc::clone(env),
+        };
+        let tool =
+            keel_a2a::A2aTool::new(agent).map_err(|e| tool_error(at.clone(), e.to_string()))?;
+        registry
+            .register_typed(tool)
+            .map_err(|e| tool_error(at, e.to_string()))?;
+        defaults.push(declared.name.clone());
     }
     let mut warnings = Vec::new();
     if let Some(manager) = mcp {

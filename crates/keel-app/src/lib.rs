@@ -174,7 +174,12 @@ impl App {
 
     /// The tool catalog.
     pub async fn catalog(&self) -> Result<Catalog, AppError> {
-        catalog::build(self.config(), &self.extra_tools, self.mcp().await)
+        catalog::build(
+            self.config(),
+            &self.extra_tools,
+            self.mcp().await,
+            &self.env,
+        )
     }
 
     /// `reference` as an agent: an `[agents.<name>]` name of keel.toml (a name wins over a

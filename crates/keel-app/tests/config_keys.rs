@@ -117,6 +117,11 @@ const KEYS: &[(&str, Check)] = &[
     ("mcp.servers.headers", mcp_headers),
     ("mcp.servers.startup_timeout_ms", mcp_startup_timeout),
     ("mcp.servers.call_timeout_ms", mcp_call_timeout),
+    ("a2a.agents.name", a2a_name),
+    ("a2a.agents.url", a2a_url),
+    ("a2a.agents.description", a2a_description),
+    ("a2a.agents.auth", a2a_auth),
+    ("a2a.agents.timeout_ms", a2a_timeout),
     ("store.url", store_url),
     ("telemetry.endpoint", telemetry_endpoint),
     ("telemetry.protocol", telemetry_protocol),
@@ -163,6 +168,25 @@ const KEYS: &[(&str, Check)] = &[
     ("workflows.<name>.router", workflows_router),
     ("workflows.<name>.model", workflows_model),
     ("workflows.<name>.default", workflows_default),
+    ("server.bind", server_bind),
+    ("server.workers", server_workers),
+    ("server.max_body_bytes", server_max_body_bytes),
+    ("server.request_timeout_ms", server_request_timeout),
+    ("server.stream_timeout_ms", server_stream_timeout),
+    ("server.shutdown_grace_ms", server_shutdown_grace),
+    ("server.lease_ttl_ms", server_lease_ttl),
+    ("server.cors_origins", server_cors_origins),
+    ("server.agents", server_agents),
+    (
+        "server.limits.concurrent_runs",
+        server_limits_concurrent_runs,
+    ),
+    (
+        "server.limits.requests_per_minute",
+        server_limits_requests_per_minute,
+    ),
+    ("server.limits.tokens_per_day", server_limits_tokens_per_day),
+    ("server.tenants.<tenant>", server_tenants),
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -1221,6 +1245,81 @@ fn tools_http() {
 }
 
 // ---------------------------------------------------------------------------------------
+// [[a2a.agents]]: remote agents as tools, against keel-a2a's echo agent on loopback.
+
+/// Calls catalog tool `name` of `toml` (`ECHO` replaced by the echo agent's URL) with
+/// `message`, in an environment of `env`.
+fn a2a_call(
+    toml: &str,
+    name: &str,
+    message: &str,
+    env: &[(&str, &str)],
+) -> Result<Value, keel_core::ToolError> {
+    block_on(async {
+        let (url, _backend) = keel_a2a::testing::serve_echo().await.unwrap();
+        let app =
+            App::from_toml_str(&toml.replace("ECHO", &url), Path::new("."), env_of(env)).unwrap();
+        let catalog = app.catalog().await.unwrap();
+        let tool = catalog.registry.get(name).cloned().unwrap();
+        let ctx = keel_core::ToolContext::new("thr", "run", "call", Default::default());
+        tool.call(json!({ "message": message }), &ctx).await
+    })
+}
+
+const A2A_AGENT: &str = "[[a2a.agents]]\nname = \"helper\"\nurl = \"ECHO\"\n";
+
+fn a2a_name() {
+    let toml = A2A_AGENT.replace("ECHO", "http://127.0.0.1:9/a2a/echo");
+    assert_eq!(default_tools(&toml), ["helper"]);
+    let catalog = block_on(app(&toml).catalog()).unwrap();
+    assert_eq!(
+        catalog.registry.get("helper").unwrap().spec().name,
+        "helper"
+    );
+}
+
+fn a2a_url() {
+    let output = a2a_call(A2A_AGENT, "helper", "hi", &[]).unwrap();
+    assert_eq!(output["reply"], "echo: hi");
+    assert_eq!(output["state"], "completed");
+}
+
+fn a2a_description() {
+    let toml = format!("{A2A_AGENT}description = \"Ask the helper.\"\n")
+        .replace("ECHO", "http://127.0.0.1:9/");
+    let catalog = block_on(app(&toml).catalog()).unwrap();
+    assert_eq!(
+        catalog.registry.get("helper").unwrap().spec().description,
+        "Ask the helper."
+    );
+}
+
+fn a2a_auth() {
+    let toml = format!("{A2A_AGENT}auth = {{ bearer_env = \"HELPER_TOKEN\" }}\n");
+    let missing = a2a_call(&toml, "helper", "hi", &[]).unwrap_err();
+    assert_eq!(missing.code, keel_core::ToolErrorCode::Unauthorized);
+    assert!(
+        missing.message.contains("HELPER_TOKEN"),
+        "{}",
+        missing.message
+    );
+    let output = a2a_call(&toml, "helper", "hi", &[("HELPER_TOKEN", "t0ken")]).unwrap();
+    assert_eq!(output["reply"], "echo: hi");
+}
+
+fn a2a_timeout() {
+    let toml = format!("{A2A_AGENT}timeout_ms = 300\n");
+    let catalog = block_on(app(&toml.replace("ECHO", "http://127.0.0.1:9/")).catalog()).unwrap();
+    assert_eq!(
+        catalog.registry.get("helper").unwrap().spec().timeout_ms,
+        5_300
+    );
+    // A `slow` task never ends: the deadline stops the call.
+    let error = a2a_call(&toml, "helper", "slow", &[]).unwrap_err();
+    assert_eq!(error.code, keel_core::ToolErrorCode::Timeout);
+}
+
+// ---------------------------------------------------------------------------------------
 // [[mcp.servers]]: a small stdio MCP server (Python) reporting what it was started with.
 
 const MCP_SERVER: &str = r#"
@@ -2125,4 +2224,107 @@ fn workflows_default() {
         &["no idea"],
     );
     assert_eq!(failed.end_state(), Some(EndState::Failed));
+}
+
+// ---------------------------------------------------------------------------------------
+// [server]: consumed by keel-server (above keel-app); asserted through keel-config's
+// `ServerConfig`, whose values and `limits_for` / `allows_agent` / `problems` the server
+// uses as they are (its tests show the effects over HTTP).
+
+fn server(toml: &str) -> keel_config::ServerConfig {
+    config(&format!("[server]\n{toml}")).server
+}
+
+/// What `keel config check` (and loading keel.toml) reports about `[server]` text.
+fn server_problem(toml: &str) -> String {
+    let text = format!("[server]\n{toml}");
+    keel_config::check_str(&text, "keel.toml", Path::new("."), &|_| None)
+        .into_iter()
+        .map(|d| format!("{}: {}", d.key.unwrap_or_default(), d.message))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn server_bind() {
+    assert_eq!(server("").bind, "127.0.0.1:8080");
+    assert_eq!(server("bind = \"0.0.0.0:9000\"").bind, "0.0.0.0:9000");
+    assert!(server_problem("bind = \"localhost\"").starts_with("server.bind"));
+}
+
+fn server_workers() {
+    assert_eq!(server("").workers, 2);
+    assert_eq!(server("workers = 0").workers, 0);
+}
+
+fn server_max_body_bytes() {
+    assert_eq!(server("").max_body_bytes, 1024 * 1024);
+    assert_eq!(server("max_body_bytes = 4096").max_body_bytes, 4096);
+    assert!(server_problem("max_body_bytes = 10").contains("at least 1024"));
+}
+
+fn server_request_timeout() {
+    assert_eq!(server("").request_timeout_ms, 120_000);
+    assert_eq!(server("request_timeout_ms = 5000").request_timeout_ms, 5000);
+    assert!(server_problem("request_timeout_ms = 1").contains("request_timeout_ms"));
+}
+
+fn server_stream_timeout() {
+    assert_eq!(server("").stream_timeout_ms, 600_000);
+    assert_eq!(
+        server("stream_timeout_ms = 60000").stream_timeout_ms,
+        60_000
+    );
+}
+
+fn server_shutdown_grace() {
+    assert_eq!(server("").shutdown_grace_ms, 30_000);
+    assert_eq!(server("shutdown_grace_ms = 100").shutdown_grace_ms, 100);
+}
+
+fn server_lease_ttl() {
+    assert_eq!(server("").lease_ttl_ms, 30_000);
+    assert!(server_problem("lease_ttl_ms = 10").contains("lease_ttl_ms"));
+}
+
+fn server_cors_origins() {
+    assert!(
+        server("").cors_origins.is_empty(),
+        "no CORS unless configured"
+    );
+    let origins = server("cors_origins = [\"https://app.example\"]").cors_origins;
+    assert_eq!(origins, ["https://app.example"]);
+    assert!(server_problem("cors_origins = [\"https://app.example/x\"]").contains("not an origin"));
+}
+
+fn server_agents() {
+    assert!(server("").allows_agent("any"));
+    let only = server("agents = [\"helper\"]");
+    assert!(only.allows_agent("helper") && !only.allows_agent("other"));
+}
+
+fn server_limits_concurrent_runs() {
+    assert_eq!(server("").limits_for("t").concurrent_runs, 16);
+    let set = server("[server.limits]\nconcurrent_runs = 2");
+    assert_eq!(set.limits_for("t").concurrent_runs, 2);
+}
+
+fn server_limits_requests_per_minute() {
+    assert_eq!(server("").limits_for("t").requests_per_minute, 600);
+    let set = server("[server.limits]\nrequests_per_minute = 0");
+    assert_eq!(set.limits_for("t").requests_per_minute, 0, "0 = unlimited");
+}
+
+fn server_limits_tokens_per_day() {
+    assert_eq!(server("").limits_for("t").tokens_per_day, 0);
+    let set = server("[server.limits]\ntokens_per_day = 100000");
+    assert_eq!(set.limits_for("t").tokens_per_day, 100_000);
+}
+
+fn server_tenants() {
+    let set = server(
+        "[server.limits]\nconcurrent_runs = 4\n[server.tenants.acme]\nconcurrent_runs = 1\n",
+    );
+    assert_eq!(set.limits_for("acme").concurrent_runs, 1);
+    assert_eq!(set.limits_for("other").concurrent_runs, 4);
+    assert!(server_problem("[server.tenants.Acme]\n").contains("server.tenants.Acme"));
 }

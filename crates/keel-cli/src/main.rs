@@ -9,6 +9,7 @@ mod chat;
 mod cmd_config;
 mod cmd_detective;
 mod cmd_eval;
+mod cmd_keys;
 mod cmd_mcp;
 mod cmd_mock_llm;
 mod cmd_models;
@@ -16,10 +17,12 @@ mod cmd_replay;
 mod cmd_responses;
 mod cmd_resume;
 mod cmd_run;
+mod cmd_serve;
 mod cmd_stats;
 mod cmd_threads;
 mod cmd_tools;
 mod cmd_trace;
+mod cmd_ui;
 mod cmd_worker;
 mod cmd_workflow;
 mod config;
@@ -77,6 +80,14 @@ enum Command {
     Submit(cmd_worker::SubmitArgs),
     /// Lease queued runs from the store and drive them (scale-out).
     Worker(cmd_worker::WorkerArgs),
+    /// Serve the HTTP chat API (SSE, API keys, tenants) with embedded workers (see
+    /// docs/server.md).
+    Serve(cmd_serve::ServeArgs),
+    /// Create, list and revoke the API keys of `keel serve`.
+    Keys {
+        #[command(subcommand)]
+        command: cmd_keys::KeysCommand,
+    },
     /// Inspect the tool catalog.
     Tools {
         #[command(subcommand)]
@@ -92,6 +103,9 @@ enum Command {
     },
     /// Metrics over the runs in the store (summary or Prometheus text).
     Stats(cmd_stats::StatsArgs),
+    /// The trace viewer and dashboard in the browser, over the store and trace files
+    /// (loopback only unless --allow-remote; see docs/ui.md).
+    Ui(cmd_ui::UiArgs),
     /// MCP: list the servers of keel.toml, or serve Keel's tools over MCP stdio.
     Mcp {
         #[command(subcommand)]
@@ -186,10 +200,13 @@ fn main() -> ExitCode {
             Command::Threads { command } => cmd_threads::run(command).await,
             Command::Submit(args) => cmd_worker::submit(args).await,
             Command::Worker(args) => cmd_worker::worker(args).await,
+            Command::Serve(args) => cmd_serve::serve(args).await,
+            Command::Keys { command } => cmd_keys::run(command).await,
             Command::Tools { command } => cmd_tools::run(command),
             Command::MockLlm(args) => cmd_mock_llm::run(args).await,
             Command::Trace { command } => cmd_trace::run(command),
             Command::Stats(args) => cmd_stats::run(args).await,
+            Command::Ui(args) => cmd_ui::run(args).await,
             Command::Mcp {
                 command: cmd_mcp::McpCommand::List { json },
             } => cmd_mcp::list(config::get().mcp.servers.clone(), json).await,

@@ -5,7 +5,6 @@ use std::io::Write;
 use keel_core::{Event, EventKind, StreamEvent, ToolResultKind};
 use keel_runtime::RunObserver;
 use keel_runtime::outcome::{RunOutcome, RunStatus};
-use serde_json::json;
 
 /// `--output` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -114,47 +113,8 @@ fn shorten(text: &str, max: usize) -> String {
     format!("{}…", text.get(..cut).unwrap_or_default())
 }
 
-/// The `--output json` object.
-pub fn outcome_json(outcome: &RunOutcome) -> serde_json::Value {
-    let (end_state, status) = match &outcome.status {
-        RunStatus::Ended { end_state } => (json!(end_state), json!("ended")),
-        RunStatus::AwaitingApproval { .. } => (serde_json::Value::Null, json!("awaiting_approval")),
-    };
-    let mut usage = json!({
-        "input_tokens": outcome.usage.input_tokens,
-        "output_tokens": outcome.usage.output_tokens,
-        "cache_read_tokens": outcome.usage.cache_read_tokens,
-        "cache_write_tokens": outcome.usage.cache_write_tokens,
-    });
-    if let (Some(cost), Some(map)) = (outcome.cost_usd, usage.as_object_mut()) {
-        map.insert("cost_usd".into(), json!(cost));
-    }
-    let mut object = json!({
-        "thread_id": outcome.thread_id,
-        "run_id": outcome.run_id,
-        "trace_id": outcome.trace_id,
-        "status": status,
-        "end_state": end_state,
-        "reason": outcome.reason,
-        "final_text": outcome.final_text,
-        "turns": outcome.turns,
-        "tool_calls": outcome.tool_calls,
-        "usage": usage,
-        "action_item": outcome.action_item,
-        "alert": outcome.alert,
-        "clarification": outcome.clarification,
-        "resumable": outcome.resumable,
-    });
-    if let Some(map) = object.as_object_mut() {
-        match &outcome.status {
-            RunStatus::AwaitingApproval { call_id, tool } => {
-                map.insert("awaiting".into(), json!({"call_id": call_id, "tool": tool}));
-            }
-            RunStatus::Ended { .. } => {}
-        }
-    }
-    object
-}
+/// The `--output json` object: one definition, shared with `keel serve`'s answers.
+pub use keel_server::outcome::outcome_json;
 
 /// The exit code for an outcome (see `docs/cli.md`).
 pub fn exit_code(outcome: &RunOutcome) -> u8 {

@@ -177,6 +177,32 @@ pub(crate) fn semantic(
             ));
         }
     }
+    // Server.
+    for (path, message) in config.server.problems() {
+        // `server.cors_origins.N` is an array index; every other part a key.
+        let in_array = path.get(1).is_some_and(|p| p == "cors_origins");
+        let path = path
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| match part.parse::<usize>() {
+                Ok(index) if in_array && i == 2 => Seg::Index(index),
+                _ => Seg::Key(part),
+            })
+            .collect();
+        out.push(error(DiagnosticCode::InvalidValue, path, message));
+    }
+    // A2A agents (`a2a.agents.N....`: the index is an array position).
+    for (path, message) in config.a2a.problems() {
+        let path = path
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| match part.parse::<usize>() {
+                Ok(index) if i == 2 => Seg::Index(index),
+                _ => Seg::Key(part),
+            })
+            .collect();
+        out.push(error(DiagnosticCode::InvalidValue, path, message));
+    }
     // Store.
     if let Some(message) = store_url_problem(&config.store.url) {
         out.push(error(

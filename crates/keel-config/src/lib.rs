@@ -1,7 +1,8 @@
 //! Keel's configuration layer: the typed schema of `keel.toml` ([`KeelConfig`]: defaults,
-//! providers, models, agents, tools, MCP servers, store, telemetry, policies, approvals),
-//! loading it ([`KeelConfig::load`]: `.env` first without overriding set variables, then
-//! `./keel.toml` or `--config FILE`, `${VAR}` / `${VAR:-default}` expanded), and the
+//! providers, models, agents, tools, MCP servers, store, telemetry, policies, approvals,
+//! server), loading it ([`KeelConfig::load`]: `.env` first without overriding set
+//! variables, then `./keel.toml` or `--config FILE`, `${VAR}` / `${VAR:-default}`
+//! expanded), and the
 //! diagnostics of `keel config check` ([`check`]: every problem with its key path, line and
 //! column — unknown keys with the nearest valid key, invalid values with the valid ones,
 //! unset environment variables, missing files).
@@ -13,6 +14,7 @@
 //! stores or exporters, open network connections, or write files; the CLI turns the
 //! configuration into those (keel-app does), applying flags on top (flags always win).
 
+pub mod a2a;
 pub mod agent;
 mod analyze;
 pub mod check;
@@ -21,9 +23,11 @@ pub mod env;
 pub mod load;
 pub mod located;
 pub mod schema;
+pub mod server;
 pub mod source;
 pub mod workflow;
 
+pub use a2a::{A2aAgentConfig, A2aAuthConfig, A2aConfig};
 pub use agent::{
     AgentDefinition, AgentFile, AgentKind, CriticConfig, RequiredCall, RequiredText, ToolEntry,
 };
@@ -37,6 +41,7 @@ pub use schema::{
     OutputFormat, PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig,
     ToolsConfig, split_spec,
 };
+pub use server::{Limits, ServerConfig, TenantLimits};
 pub use source::Source;
 pub use workflow::{WorkflowConfig, WorkflowKind};
 

@@ -41,6 +41,10 @@ pub struct KeelConfig {
     pub approvals: ApprovalsConfig,
     /// `[workflows.<name>]`: durable compositions of agents (sequential, parallel, router).
     pub workflows: BTreeMap<String, crate::workflow::WorkflowConfig>,
+    /// `[server]`: `keel serve` and its per-tenant limits.
+    pub server: crate::server::ServerConfig,
+    /// `[a2a]`: remote agents over the Agent2Agent protocol, offered as tools.
+    pub a2a: crate::a2a::A2aConfig,
 }
 
 /// Output format of `keel run`.

@@ -4,7 +4,8 @@
 //! [`conformance`] suite. The SQL stores are also [`RunQueue`]s: runs leased to scale-out
 //! workers with expiry, renewal and fencing tokens, and [`EvalResultStore`]s: `keel eval`
 //! runs (reports kept as opaque JSON, linked to their trials' thread and trace ids) and
-//! named baselines ([`eval_results`]).
+//! named baselines ([`eval_results`]); and [`ServingStore`]s: what `keel serve` keeps
+//! beside the log — hashed API keys and run cancel requests ([`serving`]).
 //!
 //! This crate stores and loads events; it must not interpret them beyond the thread
 //! summary (agent, status, counts, times), drive runs, or know about models and tools.
@@ -52,6 +53,7 @@ mod sqlite_writer;
 pub mod conformance;
 pub mod eval_results;
 pub mod queue;
+pub mod serving;
 
 pub use eval_results::{
     BaselineInfo, EvalResultStore, EvalRunId, EvalRunInfo, EvalStoreError, EvalThreadLink,
@@ -65,5 +67,8 @@ pub use open::{OpenedStore, open, open_run_queue, open_store};
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use queue::{
     JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue,
+};
+pub use serving::{
+    ApiKeyInfo, MemoryServingStore, NewApiKey, ServingStore, ServingStoreError, valid_tenant,
 };
 pub use sqlite::{DEFAULT_SQLITE_PATH, Durability, SqliteOptions, SqliteStore};

@@ -28,6 +28,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0003_lighter_indexes.sql",
     "0004_summary_on_status_change.sql",
     "0005_eval_results.sql",
+    "0006_serving.sql",
 );
 
 /// `migrations/postgres`, in order.
@@ -37,6 +38,7 @@ pub(crate) const POSTGRES: &[MigrationFile] = migration_files!("postgres":
     "0003_queue_one_job_per_message.sql",
     "0004_lighter_indexes.sql",
     "0005_eval_results.sql",
+    "0006_serving.sql",
 );
 
 /// The migrator of one backend's files.

@@ -15,10 +15,11 @@ use keel_core::store::{EventStore, StoreError};
 use crate::eval_results::{EvalResultStore, MemoryEvalResultStore};
 use crate::postgres::PostgresStore;
 use crate::queue::{MemoryRunQueue, RunQueue};
+use crate::serving::{MemoryServingStore, ServingStore};
 use crate::sqlite::{Durability, SqliteOptions, SqliteStore};
 
-/// A store opened from a URL: its event log, its run queue and its eval results (sharing
-/// one database and pool).
+/// A store opened from a URL: its event log, its run queue, its eval results and the
+/// server's keys and cancel requests (sharing one database and pool).
 #[derive(Clone)]
 pub struct OpenedStore {
     /// The event log.
@@ -27,6 +28,8 @@ pub struct OpenedStore {
     pub queue: Arc<dyn RunQueue>,
     /// Eval runs and baselines of the same backend.
     pub eval_results: Arc<dyn EvalResultStore>,
+    /// API keys and cancel requests of `keel serve`, same backend.
+    pub serving: Arc<dyn ServingStore>,
     /// `memory`, `sqlite` or `postgres`.
     pub backend: &'static str,
 }
@@ -62,6 +65,7 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
             events: Arc::new(MemoryStore::new()),
             queue: Arc::new(MemoryRunQueue::new()),
             eval_results: Arc::new(MemoryEvalResultStore::new()),
+            serving: Arc::new(MemoryServingStore::new()),
             backend: "memory",
         });
     }
@@ -70,7 +74,8 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
         return Ok(OpenedStore {
             events: Arc::new(store.clone()),
             queue: Arc::new(store.clone()),
-            eval_results: Arc::new(store),
+            eval_results: Arc::new(store.clone()),
+            serving: Arc::new(store),
             backend: "postgres",
         });
     }
@@ -79,7 +84,8 @@ pub async fn open(url: &str) -> Result<OpenedStore, StoreError> {
     Ok(OpenedStore {
         events: Arc::new(store.clone()),
         queue: Arc::new(store.clone()),
-        eval_results: Arc::new(store),
+        eval_results: Arc::new(store.clone()),
+        serving: Arc::new(store),
         backend: "sqlite",
     })
 }

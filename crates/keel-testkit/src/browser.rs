@@ -237,6 +237,35 @@ impl Browser {
         .await
     }
 
+    /// Resizes the window (e.g. before a screenshot).
+    pub async fn set_window_size(&self, width: u32, height: u32) -> Result<(), BrowserError> {
+        self.send(
+            reqwest::Method::POST,
+            &self.session_path("/window/rect"),
+            Some(json!({ "width": width, "height": height })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// A PNG screenshot of the viewport, base64-encoded as WebDriver returns it.
+    pub async fn screenshot_base64(&self) -> Result<String, BrowserError> {
+        let value = self
+            .send(
+                reqwest::Method::GET,
+                &self.session_path("/screenshot"),
+                None,
+            )
+            .await?;
+        value
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| BrowserError::Command {
+                command: "screenshot".into(),
+                message: format!("not a base64 string: {value}"),
+            })
+    }
+
     /// The console messages since the last call (ChromeDriver's browser log).
     pub async fn console(&self) -> Result<Vec<ConsoleEntry>, BrowserError> {
         let entries = self

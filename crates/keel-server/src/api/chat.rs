@@ -1,0 +1,312 @@
+//! `POST /v1/chat`: queue a run of a keel.toml agent on a new or existing thread, then
+//! either wait for it (the `keel run --output json` object; 202 when it outlasts the
+//! request timeout) or stream its events (`stream: true`). The run belongs to the queue,
+//! not to the request: a client that disconnects leaves it running.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use keel_core::store::{ThreadFilter, ThreadStatus};
+use keel_runtime::Thread;
+use keel_store::JobState;
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::ToSchema;
+
+use super::{ApiJson, tenant_thread};
+use crate::error::{ApiError, ErrorBody};
+use crate::follow::{Follow, Settled, Until, event_stream, wait_settled};
+use crate::jobs::{enqueue_new, recipe_for};
+use crate::state::{AppState, PendingJob};
+use crate::tenancy::Tenant;
+
+/// A chat request.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    /// A keel.toml `[agents.<name>]` name.
+    pub agent: String,
+    /// Continue this thread (yours); leave out to start a new one.
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// The user's message (or use `messages`).
+    #[serde(default)]
+    pub message: Option<String>,
+    /// New user messages for this turn (role `user`), sent as one turn joined by blank
+    /// lines; the thread keeps the history, so do not resend it.
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Stream the run's events as Server-Sent Events instead of waiting for the outcome.
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// A message of [`ChatRequest::messages`].
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    /// `user`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// A queued run that is still going (202).
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct Accepted {
+    /// The thread.
+    pub thread_id: String,
+    /// The run, once it started.
+    pub run_id: Option<String>,
+    /// `queued` or `running`.
+    pub status: String,
+    /// Where to follow it (SSE).
+    pub events_url: String,
+}
+
+/// Starts (or continues) a conversation.
+#[utoipa::path(
+    post,
+    path = "/v1/chat",
+    tag = "chat",
+    request_body = ChatRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The run ended or paused: the `keel run --output json` object (`status`: `ended`, `awaiting_approval` with `awaiting.call_id`, or `awaiting_user`)", body = serde_json::Value),
+        (status = 202, description = "The run outlasted the request timeout; follow it with the events URL", body = Accepted),
+        (status = 200, description = "`stream: true`: text/event-stream of the run's events (`id:` = sequence number), `text_delta`s, then `outcome`", content_type = "text/event-stream"),
+        (status = 400, description = "Bad request (names the field)", body = ErrorBody),
+        (status = 404, description = "No such thread", body = ErrorBody),
+        (status = 429, description = "A per-tenant limit (Retry-After)", body = ErrorBody),
+    )
+)]
+pub async fn chat(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    ApiJson(request): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let message = message_of(&request)?;
+    check_agent(&state, &request.agent)?;
+    if state.shutdown.is_cancelled() {
+        return Err(ApiError::unavailable(
+            "the server is shutting down and accepts no new runs; retry on another instance",
+        ));
+    }
+    let (client_id, thread) = match &request.thread_id {
+        Some(id) => (id.clone(), tenant_thread(&state, &tenant, id).await?),
+        None => {
+            let (client, store) = tenant.new_thread();
+            (client, Thread::with_id(store))
+        }
+    };
+    check_run_limits(&state, &tenant).await?;
+    // Subscribed before the run is queued: a worker here may start it at once.
+    let hub = request.stream.then(|| state.hub.subscribe());
+    let queued = enqueue_new(
+        state.queue.as_ref(),
+        &thread,
+        recipe_for(&request.agent),
+        message,
+    )
+    .await
+    .map_err(ApiError::internal)?;
+    state.metrics.runs_queued.fetch_add(1, Ordering::Relaxed);
+    track(&state, &tenant, thread.id(), queued.job_id);
+    let header = HeaderValue::from_str(&client_id).ok();
+    let mut response = if request.stream {
+        event_stream(
+            state.clone(),
+            Follow {
+                tenant: tenant.clone(),
+                store_id: thread.id().to_string(),
+                client_id: client_id.clone(),
+                from_seq: queued.base_seq,
+                until: Until::Run(queued.submission),
+            },
+            hub,
+        )
+        .into_response()
+    } else {
+        let settled = wait_settled(
+            &state,
+            thread.id(),
+            &client_id,
+            &queued.submission,
+            state.request_timeout(),
+        )
+        .await;
+        match settled {
+            Settled::Run(run) => axum::Json(run).into_response(),
+            Settled::Pending(run_id) => (
+                StatusCode::ACCEPTED,
+                axum::Json(json!(Accepted {
+                    status: if run_id.is_some() {
+                        "running"
+                    } else {
+                        "queued"
+                    }
+                    .into(),
+                    run_id,
+                    events_url: format!("/v1/threads/{client_id}/events"),
+                    thread_id: client_id.clone(),
+                })),
+            )
+                .into_response(),
+        }
+    };
+    if let Some(value) = header {
+        response.headers_mut().insert("x-keel-thread-id", value);
+    }
+    Ok(response)
+}
+
+/// The user's text of a request: `message`, or the `messages` (all `user`) joined.
+fn message_of(request: &ChatRequest) -> Result<String, ApiError> {
+    let text = match (&request.message, &request.messages) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "give either `message` or `messages`, not both",
+            ));
+        }
+        (Some(message), None) => message.clone(),
+        (None, Some(messages)) => {
+            if let Some((index, bad)) = messages.iter().enumerate().find(|(_, m)| m.role != "user")
+            {
+                return Err(ApiError::invalid(format!(
+                    "messages[{index}].role is {:?}: only `user` messages are sent (the thread \
+                     keeps the assistant's answers; continue it with `thread_id`)",
+                    bad.role
+                )));
+            }
+            messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n")
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "missing `message` (the user's text) or `messages` ([{\"role\": \"user\", \
+                 \"content\": \"...\"}])",
+            ));
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid(
+            "`message` is empty: send the user's text",
+        ));
+    }
+    Ok(text)
+}
+
+/// The agent must be a keel.toml agent the server offers.
+pub(crate) fn check_agent(state: &AppState, agent: &str) -> Result<(), ApiError> {
+    let config = state.app.config();
+    let offered: Vec<&str> = config
+        .agents
+        .keys()
+        .map(String::as_str)
+        .filter(|name| config.server.allows_agent(name))
+        .collect();
+    if offered.contains(&agent) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
+        "agent: {agent:?} is not an agent this server offers; use one of: {}",
+        if offered.is_empty() {
+            "(none: declare [agents.<name>] in keel.toml)".to_string()
+        } else {
+            offered.join(", ")
+        }
+    )))
+}
+
+fn track(state: &AppState, tenant: &Tenant, store_id: &str, job_id: keel_store::JobId) {
+    let mut pending = match state.pending.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    pending.push(PendingJob {
+        tenant: tenant.name.clone(),
+        store_id: store_id.to_string(),
+        job_id,
+    });
+}
+
+/// Refuses a new run when the tenant is at its concurrent-runs or tokens-per-day limit.
+pub(crate) async fn check_run_limits(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+    let limits = state.config.limits_for(&tenant.name);
+    if let Err(error) = state.usage.check(&tenant.name, limits.tokens_per_day) {
+        state.metrics.limited.fetch_add(1, Ordering::Relaxed);
+        return Err(error);
+    }
+    if limits.concurrent_runs == 0 {
+        return Ok(());
+    }
+    let active = active_runs(state, tenant).await?;
+    if active >= limits.concurrent_runs {
+        state.metrics.limited.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::too_many(
+            "concurrent_runs",
+            format!(
+                "tenant {} has {active} runs queued or in progress, its limit \
+                 ([server.limits] concurrent_runs in keel.toml); retry when one ends",
+                tenant.name
+            ),
+            5,
+        ));
+    }
+    Ok(())
+}
+
+/// The tenant's threads with a run in progress in the store, plus the threads of jobs
+/// this process queued that no worker started yet.
+async fn active_runs(state: &AppState, tenant: &Tenant) -> Result<u64, ApiError> {
+    let filter = ThreadFilter {
+        status: Some(ThreadStatus::Running),
+        ..ThreadFilter::default()
+    };
+    let running = state
+        .events
+        .list_threads(&filter)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot count runs: {e}")))?;
+    let mut threads: HashSet<String> = running
+        .into_iter()
+        .filter(|t| tenant.client_id(&t.thread_id).is_some())
+        .map(|t| t.thread_id)
+        .collect();
+    let mine: Vec<PendingJob> = {
+        let pending = match state.pending.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pending
+            .iter()
+            .filter(|p| p.tenant == tenant.name)
+            .cloned()
+            .collect()
+    };
+    let mut finished = Vec::new();
+    for job in mine {
+        match state.queue.job(job.job_id).await {
+            Ok(Some(info)) if info.state == JobState::Queued || info.state == JobState::Leased => {
+                threads.insert(job.store_id);
+            }
+            Ok(_) => finished.push(job.job_id),
+            Err(e) => return Err(ApiError::internal(format!("cannot count runs: {e}"))),
+        }
+    }
+    if !finished.is_empty() {
+        let mut pending = match state.pending.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pending.retain(|p| !finished.contains(&p.job_id));
+    }
+    Ok(threads.len() as u64)
+}

@@ -1,0 +1,290 @@
+//! Following a thread's log as it grows: [`event_stream`] (Server-Sent Events: one event
+//! per journaled event with `id:` = its sequence number, text deltas without an id, and a
+//! final `outcome`) and [`wait_settled`] (a non-streaming chat waiting for its run to end
+//! or pause). Both re-read the store when the [`Hub`](crate::hub::Hub) announces an
+//! append to the thread, and at least every poll interval, so runs driven by other
+//! processes are followed too. Every wait is bounded (stream timeout, request timeout,
+//! shutdown, client gone).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures::Stream;
+use keel_core::{Event, EventKind};
+use serde_json::json;
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+
+use crate::hub::HubMessage;
+use crate::jobs::submission_of;
+use crate::outcome::{RunPosition, position, run_events, run_json};
+use crate::state::AppState;
+use crate::tenancy::Tenant;
+
+/// The longest one store read may take.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// When a stream ends (besides timeout, shutdown and the client leaving).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Until {
+    /// After the `run_ended` of the run that records this submission id (a chat's run).
+    Run(String),
+    /// Once the thread is idle: its last event is a `run_ended`.
+    Idle,
+}
+
+/// What to follow.
+#[derive(Debug, Clone)]
+pub struct Follow {
+    /// The tenant (shows its client ids).
+    pub tenant: Tenant,
+    /// Store thread id.
+    pub store_id: String,
+    /// Client thread id.
+    pub client_id: String,
+    /// The first sequence number to send.
+    pub from_seq: u64,
+    /// When to stop.
+    pub until: Until,
+}
+
+/// The SSE response following `follow`; `hub` is a subscription taken before the run was
+/// queued (so no delta is missed), or `None` to subscribe now.
+pub fn event_stream(
+    state: AppState,
+    follow: Follow,
+    hub: Option<broadcast::Receiver<HubMessage>>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let (tx, rx) = mpsc::channel::<SseEvent>(256);
+    // Subscribed before the first read so no announcement falls in between.
+    let hub = hub.unwrap_or_else(|| state.hub.subscribe());
+    tokio::spawn(async move {
+        state.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
+        pump(&state, follow, hub, &tx).await;
+        state.metrics.streams_open.fetch_sub(1, Ordering::Relaxed);
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (Ok(event), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// Reads the thread once (bounded); `None` on a store failure or timeout.
+async fn load(state: &AppState, store_id: &str) -> Option<Vec<Event>> {
+    match tokio::time::timeout(LOAD_TIMEOUT, state.events.load(store_id)).await {
+        Ok(Ok(events)) => Some(events),
+        Ok(Err(e)) => {
+            tracing::warn!(thread = store_id, error = %e, "stream: cannot load thread");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Where a stream stands.
+struct Cursor {
+    follow: Follow,
+    /// The next sequence number to send.
+    next: u64,
+    /// The run the stream ends with (`Until::Run`), once seen starting.
+    own_run: Option<String>,
+}
+
+/// Whether the stream is over after a send.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    More,
+    Done,
+}
+
+impl Cursor {
+    /// Sends the stored events from `next` up to `upto` (every one when `None`): events a
+    /// hub announcement names are sent in announcement order, between the deltas.
+    async fn send(
+        &mut self,
+        state: &AppState,
+        upto: Option<u64>,
+        tx: &mpsc::Sender<SseEvent>,
+    ) -> Sent {
+        let Some(events) = load(state, &self.follow.store_id).await else {
+            return Sent::More;
+        };
+        let start = self.next;
+        for event in events
+            .iter()
+            .filter(|e| e.seq >= start && upto.is_none_or(|u| e.seq <= u))
+        {
+            if let Until::Run(submission) = &self.follow.until
+                && self.own_run.is_none()
+                && submission_of(event).as_deref() == Some(submission.as_str())
+            {
+                self.own_run = Some(event.run_id.clone());
+            }
+            let data = self.follow.tenant.event_json(event, &self.follow.client_id);
+            let sse = SseEvent::default()
+                .id(event.seq.to_string())
+                .event(event.kind.name())
+                .data(data.to_string());
+            if tx.send(sse).await.is_err() {
+                return Sent::Done;
+            }
+            self.next = event.seq + 1;
+            if matches!(event.kind, EventKind::RunEnded { .. }) {
+                let done = match &self.follow.until {
+                    Until::Run(_) => self.own_run.as_deref() == Some(event.run_id.as_str()),
+                    Until::Idle => events.last().is_some_and(|l| l.seq == event.seq),
+                };
+                if done {
+                    let run = run_json(
+                        &self.follow.client_id,
+                        &event.run_id,
+                        &run_events(&events, &event.run_id),
+                    );
+                    let _ = tx
+                        .send(SseEvent::default().event("outcome").data(run.to_string()))
+                        .await;
+                    return Sent::Done;
+                }
+            }
+        }
+        // Reconnected after the end of an idle thread: nothing more will come.
+        if self.follow.until == Until::Idle
+            && events
+                .last()
+                .is_some_and(|l| l.seq < self.next && matches!(l.kind, EventKind::RunEnded { .. }))
+        {
+            return Sent::Done;
+        }
+        Sent::More
+    }
+}
+
+/// Sends events until `follow.until`, the deadline, shutdown or the client leaving.
+async fn pump(
+    state: &AppState,
+    follow: Follow,
+    mut hub: broadcast::Receiver<HubMessage>,
+    tx: &mpsc::Sender<SseEvent>,
+) {
+    let deadline = Instant::now() + state.stream_timeout();
+    let mut cursor = Cursor {
+        next: follow.from_seq,
+        follow,
+        own_run: None,
+    };
+    if cursor.send(state, None, tx).await == Sent::Done {
+        return;
+    }
+    // One timer for the whole stream: other threads' announcements do not postpone it.
+    let mut poll = tokio::time::interval(state.poll);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let sent = tokio::select! {
+            message = hub.recv() => match message {
+                Ok(HubMessage::Appended(thread, seq)) if *thread == *cursor.follow.store_id => {
+                    if seq < cursor.next {
+                        continue;
+                    }
+                    cursor.send(state, Some(seq), tx).await
+                }
+                Ok(HubMessage::Delta { thread, run_id, text })
+                    if *thread == *cursor.follow.store_id =>
+                {
+                    let data = json!({"run_id": &*run_id, "text": &*text});
+                    let sse = SseEvent::default().event("text_delta").data(data.to_string());
+                    if tx.send(sse).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => cursor.send(state, None, tx).await,
+                Err(broadcast::error::RecvError::Closed) => {
+                    tokio::time::sleep(state.poll).await;
+                    cursor.send(state, None, tx).await
+                }
+            },
+            // Runs driven by other processes are announced by nobody: poll.
+            _ = poll.tick() => cursor.send(state, None, tx).await,
+            () = tx.closed() => return,
+            () = state.shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(deadline) => return,
+        };
+        if sent == Sent::Done {
+            return;
+        }
+    }
+}
+
+/// How a wait for a run ended.
+#[derive(Debug)]
+pub enum Settled {
+    /// The run ended or paused: its JSON (`keel run --output json`'s shape).
+    Run(serde_json::Value),
+    /// Still going when the wait ended: the run id when it started.
+    Pending(Option<String>),
+}
+
+/// Waits until the run recording `submission` on `store_id` ends or pauses, at most
+/// `timeout` (or until shutdown).
+pub async fn wait_settled(
+    state: &AppState,
+    store_id: &str,
+    client_id: &str,
+    submission: &str,
+    timeout: Duration,
+) -> Settled {
+    let deadline = Instant::now() + timeout;
+    let mut hub = state.hub.subscribe();
+    let mut own_run: Option<String> = None;
+    loop {
+        if let Some(events) = load(state, store_id).await {
+            if own_run.is_none() {
+                own_run = events
+                    .iter()
+                    .find(|e| submission_of(e).as_deref() == Some(submission))
+                    .map(|e| e.run_id.clone());
+            }
+            if let Some(run_id) = &own_run {
+                let own = run_events(&events, run_id);
+                if !matches!(position(&own), RunPosition::Running) {
+                    return Settled::Run(run_json(client_id, run_id, &own));
+                }
+            }
+        }
+        let wake = wait_for_append(&mut hub, store_id, state.poll);
+        tokio::select! {
+            () = wake => {}
+            () = tokio::time::sleep_until(deadline) => return Settled::Pending(own_run),
+            () = state.shutdown.cancelled() => return Settled::Pending(own_run),
+        }
+    }
+}
+
+/// Resolves on an append to `store_id` announced by the hub, or after `poll`.
+async fn wait_for_append(
+    hub: &mut broadcast::Receiver<HubMessage>,
+    store_id: &str,
+    poll: Duration,
+) {
+    let store_id: Arc<str> = Arc::from(store_id);
+    let announced = async {
+        loop {
+            match hub.recv().await {
+                Ok(HubMessage::Appended(thread, _)) if thread == store_id => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    futures::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = announced => {}
+        () = tokio::time::sleep(poll) => {}
+    }
+}

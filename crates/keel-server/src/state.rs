@@ -1,0 +1,79 @@
+//! What every handler shares: the application, the store's parts, the hub, the limits and
+//! metrics, the `[server]` settings and the shutdown signal.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_app::App;
+use keel_config::ServerConfig;
+use keel_core::{CancellationToken, EventStore};
+use keel_store::{JobId, RunQueue, ServingStore};
+
+use crate::hub::Hub;
+use crate::limits::{RateLimiter, Usage};
+use crate::metrics::Metrics;
+
+/// The server's shared state.
+pub struct Shared {
+    /// keel.toml and what it builds.
+    pub app: Arc<App>,
+    /// The event log.
+    pub events: Arc<dyn EventStore>,
+    /// The run queue.
+    pub queue: Arc<dyn RunQueue>,
+    /// API keys and cancel requests.
+    pub serving: Arc<dyn ServingStore>,
+    /// Fan-out from the embedded workers.
+    pub hub: Arc<Hub>,
+    /// Requests per minute.
+    pub rate: RateLimiter,
+    /// Tokens per day.
+    pub usage: Arc<Usage>,
+    /// Counters for `/metrics`.
+    pub metrics: Metrics,
+    /// `[server]`.
+    pub config: ServerConfig,
+    /// Cancelled on SIGTERM / Ctrl-C: streams end, no new runs are accepted.
+    pub shutdown: CancellationToken,
+    /// How often streams and waits re-read the store when nothing was announced.
+    pub poll: Duration,
+    /// Jobs this process queued, by tenant, until seen started or finished (the
+    /// concurrent-runs limit counts them with the store's running threads).
+    pub pending: Mutex<Vec<PendingJob>>,
+    /// The OpenAPI document (JSON), set when the router is built.
+    pub openapi: std::sync::OnceLock<String>,
+}
+
+/// A job queued by this process.
+#[derive(Debug, Clone)]
+pub struct PendingJob {
+    /// Tenant.
+    pub tenant: String,
+    /// Store thread id.
+    pub store_id: String,
+    /// The job.
+    pub job_id: JobId,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The handlers' state.
+pub type AppState = Arc<Shared>;
+
+impl Shared {
+    /// The longest a non-streaming request waits.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.request_timeout_ms)
+    }
+
+    /// The longest a stream stays open.
+    pub fn stream_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.stream_timeout_ms)
+    }
+}

@@ -1,0 +1,311 @@
+//! What the pages change: approve or deny a paused call (recorded through
+//! `keel-runtime`'s `Thread::approve` / `deny`, exactly as `keel approve` does, then the run
+//! is continued in the background by a [`Resumer`] — for `keel ui`, [`AppResumer`] over
+//! `keel_app::resume::resume_thread`), and fork a thread from a turn
+//! (`keel_app::threads::fork`). Form posts from another site are refused.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Redirect;
+use keel_app::App;
+use keel_app::recipe::Recipe;
+use keel_app::resume::{self, Latest, Runner};
+use keel_core::{EventStore, Model};
+use keel_runtime::{RunContext, RunObserver, RunStatus, Thread};
+
+use crate::error::UiError;
+use crate::{Scope, Ui};
+
+/// Continues a thread's run after a decision was recorded on it.
+#[async_trait]
+pub trait Resumer: Send + Sync {
+    /// Continues thread `thread_id` of `store` until it ends or pauses again; returns a
+    /// line saying how it ended, or why it could not continue.
+    async fn resume(&self, store: Arc<dyn EventStore>, thread_id: &str) -> Result<String, String>;
+}
+
+/// Supplies the model a resumed run continues with, from the recipe its run recorded and
+/// the number of model answers the run (and the runs it continues) already consumed —
+/// e.g. the CLI's `--script` models, positioned at the right step. `Ok(None)`: build the
+/// recipe's model as usual.
+pub type ModelHook =
+    Arc<dyn Fn(&Recipe, usize) -> Result<Option<Arc<dyn Model>>, String> + Send + Sync>;
+
+enum AppRef {
+    Shared(Arc<App>),
+    Static(&'static App),
+}
+
+impl AppRef {
+    fn get(&self) -> &App {
+        match self {
+            Self::Shared(app) => app,
+            Self::Static(app) => app,
+        }
+    }
+}
+
+/// The [`Resumer`] of `keel approve`: the agent (or workflow) the run recorded is rebuilt
+/// by `keel_app::resume::resume_thread` and continues.
+pub struct AppResumer {
+    app: AppRef,
+    models: Option<ModelHook>,
+    observers: Vec<Arc<dyn RunObserver>>,
+}
+
+impl std::fmt::Debug for AppResumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppResumer")
+            .field("models", &self.models.is_some())
+            .field("observers", &self.observers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppResumer {
+    /// Resumes with `app`'s configuration.
+    pub fn new(app: Arc<App>) -> Self {
+        Self {
+            app: AppRef::Shared(app),
+            models: None,
+            observers: Vec::new(),
+        }
+    }
+
+    /// Resumes with a process-wide `app` (the CLI's).
+    pub fn from_static(app: &'static App) -> Self {
+        Self {
+            app: AppRef::Static(app),
+            models: None,
+            observers: Vec::new(),
+        }
+    }
+
+    /// Resumed runs take their model from `hook` when it gives one.
+    pub fn with_models(mut self, hook: ModelHook) -> Self {
+        self.models = Some(hook);
+        self
+    }
+
+    /// Resumed runs are also reported to `observer` (e.g. the telemetry sink that writes
+    /// trace files).
+    pub fn with_observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+}
+
+#[async_trait]
+impl Resumer for AppResumer {
+    async fn resume(&self, store: Arc<dyn EventStore>, thread_id: &str) -> Result<String, String> {
+        let thread = resume::load_existing(store.as_ref(), thread_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let model = match (&self.models, resume::recorded_runner(&thread)) {
+            (Some(hook), Ok(Runner::Agent(Some(recipe)))) => {
+                let steps = match resume::latest_run(&thread) {
+                    Ok(Latest::Continue { consumed_steps, .. }) => consumed_steps,
+                    _ => 0,
+                };
+                let steps = resume::script_steps(store.as_ref(), &thread, steps)
+                    .await
+                    .unwrap_or(steps);
+                hook(&recipe, steps)?
+            }
+            _ => None,
+        };
+        let observers = self.observers.clone();
+        let resumed = resume::resume_thread(
+            self.app.get(),
+            store,
+            thread_id,
+            &Recipe::default(),
+            model,
+            move |mut context| {
+                for observer in observers {
+                    context = context.with_observer(observer);
+                }
+                context
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let outcome = resumed.outcome;
+        Ok(match outcome.status {
+            RunStatus::Ended { end_state } => format!("run {} ended {end_state}", outcome.run_id),
+            RunStatus::AwaitingApproval { call_id, tool } => format!(
+                "run {} waits for approval of {tool} ({call_id})",
+                outcome.run_id
+            ),
+        })
+    }
+}
+
+/// Refuses a form posted from another site (the UI has no session to protect it with: a
+/// page elsewhere must not be able to approve calls on a loopback `keel ui`).
+fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    // Browsers say where a request comes from; `same-origin` is the UI's own form.
+    if let Some(site) = text("sec-fetch-site") {
+        return match site {
+            "same-origin" | "none" => Ok(()),
+            other => Err(UiError::forbidden(format!(
+                "form posts from other sites are refused (sec-fetch-site: {other})"
+            ))),
+        };
+    }
+    if let (Some(origin), Some(host)) = (text("origin"), text("host")) {
+        let bare = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .unwrap_or(origin);
+        if bare != host {
+            return Err(UiError::forbidden(format!(
+                "a form from {origin} may not post to {host}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The fields of a posted form.
+fn form(body: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(body.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// `POST /runs/{thread}/approve` (`call_id`).
+pub(crate) async fn approve(
+    State(ui): State<Ui>,
+    Path(thread_id): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Redirect, UiError> {
+    decide(ui, thread_id, headers, body, true).await
+}
+
+/// `POST /runs/{thread}/deny` (`call_id`, optional `reason`).
+pub(crate) async fn deny(
+    State(ui): State<Ui>,
+    Path(thread_id): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Redirect, UiError> {
+    decide(ui, thread_id, headers, body, false).await
+}
+
+async fn decide(
+    ui: Ui,
+    thread_id: String,
+    headers: HeaderMap,
+    body: String,
+    approve: bool,
+) -> Result<Redirect, UiError> {
+    same_origin(&headers)?;
+    let fields = form(&body);
+    let call_id = field(&fields, "call_id")
+        .ok_or_else(|| UiError::bad_input("call_id", "missing: which call to decide"))?
+        .to_string();
+    let events = ui.source.load_raw(&thread_id).await?;
+    let mut thread = Thread::from_events(&thread_id, events);
+    let store = ui.source.store().clone();
+    let context = RunContext::new(store.clone());
+    let recorded = if approve {
+        thread
+            .approve(&context, &call_id, Some("keel ui".to_string()))
+            .await
+    } else {
+        let reason = field(&fields, "reason").map(str::to_string);
+        thread.deny(&context, &call_id, reason).await
+    };
+    recorded.map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))?;
+    let decision = if approve { "approved" } else { "denied" };
+    match ui.resumer.clone() {
+        Some(resumer) => {
+            ui.note(
+                &thread_id,
+                Some(format!("{decision} call {call_id}; the run continues…")),
+            );
+            let id = thread_id.clone();
+            let background = ui.clone();
+            tokio::spawn(async move {
+                let said = match resumer.resume(store, &id).await {
+                    Ok(line) => format!("{decision} call {call_id}; {line}"),
+                    Err(error) => format!(
+                        "{decision} call {call_id}, but the run could not continue: {error} \
+                         (continue it with `keel resume {id}`)"
+                    ),
+                };
+                tracing::info!(thread = %id, "{}", background.source.redact(&said));
+                background.note(&id, Some(background.source.redact(&said)));
+            });
+        }
+        None => ui.note(
+            &thread_id,
+            Some(format!(
+                "{decision} call {call_id}; continue the run with `keel resume {thread_id}`"
+            )),
+        ),
+    }
+    Ok(Redirect::to(&ui.href(&format!("/runs/{thread_id}"))))
+}
+
+/// `POST /runs/{thread}/fork` (`at_seq`): a new thread with the log up to `at_seq`.
+pub(crate) async fn fork(
+    State(ui): State<Ui>,
+    Path(thread_id): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Redirect, UiError> {
+    same_origin(&headers)?;
+    let fields = form(&body);
+    let at_seq: u64 = field(&fields, "at_seq")
+        .ok_or_else(|| UiError::bad_input("at_seq", "missing: the last event to copy"))?
+        .trim()
+        .parse()
+        .map_err(|_| UiError::bad_input("at_seq", "give a whole number"))?;
+    let events = ui.source.load_raw(&thread_id).await?;
+    if at_seq >= events.len() as u64 {
+        return Err(UiError::bad_input(
+            "at_seq",
+            format!("run {thread_id} has {} events", events.len()),
+        ));
+    }
+    let store = ui.source.store();
+    let target = match ui.source.scope() {
+        Scope::All => {
+            keel_app::threads::fork(store.as_ref(), &thread_id, at_seq)
+                .await
+                .map_err(|e| ui.source.store_error(e))?
+                .thread_id
+        }
+        Scope::ThreadPrefix(prefix) => {
+            let target = format!("{prefix}thr_{}", keel_core::event::new_trace_id());
+            store
+                .fork_thread(&thread_id, at_seq, &target)
+                .await
+                .map_err(|e| ui.source.store_error(e))?;
+            target
+        }
+    };
+    ui.note(
+        &target,
+        Some(format!(
+            "forked from {thread_id} at event {at_seq}; continue it with `keel resume {target}`"
+        )),
+    );
+    Ok(Redirect::to(&ui.href(&format!("/runs/{target}"))))
+}

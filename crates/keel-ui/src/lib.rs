@@ -1,0 +1,165 @@
+//! Keel's web UI: server-rendered pages over an event store — the runs list (filters,
+//! sorting, pagination, live rows), a run's span waterfall (details on click, live over
+//! server-sent events, approve/deny of a paused call, fork from a turn) and the metrics
+//! dashboard (the figures of `keel stats`, computed by the same
+//! [`keel_telemetry::compute_metrics`], drawn as inline SVG).
+//!
+//! Everything shown passes through a [`keel_telemetry::Redactor`] first, and every value
+//! is HTML-escaped by `maud`. Every asset (one stylesheet, one small script) is compiled
+//! into the binary: the pages work offline. The crate owns no listener policy and no
+//! authentication: `keel ui` serves [`router`] on loopback, and a server mounting it
+//! elsewhere restricts what it sees with a [`Scope`] and puts its own authentication in
+//! front. It must not write events itself: approvals, resumes and forks go through
+//! `keel-runtime` and `keel-app` like every other surface.
+
+mod actions;
+mod assets;
+mod charts;
+mod dashboard;
+mod detail;
+mod error;
+mod filter;
+mod layout;
+mod live;
+mod row;
+mod run_page;
+mod runs_page;
+mod source;
+mod timeline;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::{get, post};
+
+pub use actions::{AppResumer, ModelHook, Resumer};
+pub use error::UiError;
+pub use source::{RunSource, Scope};
+
+/// What the UI serves: a scoped view of a store, how paused runs continue, where trace
+/// files are and the path the pages are mounted at.
+#[derive(Clone)]
+pub struct Ui {
+    pub(crate) source: RunSource,
+    pub(crate) resumer: Option<Arc<dyn Resumer>>,
+    pub(crate) trace_dir: Option<PathBuf>,
+    pub(crate) base: String,
+    /// The last thing an approval, denial or resume said about a thread (shown on its
+    /// page): what failed in the background is not lost.
+    pub(crate) notes: Arc<Mutex<std::collections::HashMap<String, String>>>,
+}
+
+impl std::fmt::Debug for Ui {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ui")
+            .field("source", &self.source)
+            .field("resumer", &self.resumer.is_some())
+            .field("trace_dir", &self.trace_dir)
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl Ui {
+    /// The UI over `source`, mounted at `/`, read-only for paused runs (no resumer) and
+    /// without trace files.
+    pub fn new(source: RunSource) -> Self {
+        Self {
+            source,
+            resumer: None,
+            trace_dir: None,
+            base: String::new(),
+            notes: Arc::default(),
+        }
+    }
+
+    /// Approve and deny buttons continue paused runs through `resumer`.
+    pub fn with_resumer(mut self, resumer: Arc<dyn Resumer>) -> Self {
+        self.resumer = Some(resumer);
+        self
+    }
+
+    /// Per-run trace files (`.keel/traces`): a run page links its trace file.
+    pub fn with_trace_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.trace_dir = Some(dir.into());
+        self
+    }
+
+    /// The path the router is nested at (e.g. `/ui`), so that links and forms point
+    /// inside it. Empty (the default) for the root.
+    pub fn with_base_path(mut self, base: &str) -> Self {
+        self.base = base.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// A link inside the UI.
+    pub(crate) fn href(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub(crate) fn note(&self, thread_id: &str, text: Option<String>) {
+        let mut notes = match self.notes.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match text {
+            Some(text) => notes.insert(thread_id.to_string(), text),
+            None => notes.remove(thread_id),
+        };
+    }
+
+    pub(crate) fn note_for(&self, thread_id: &str) -> Option<String> {
+        let notes = match self.notes.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        notes.get(thread_id).cloned()
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes. Not a graceful shutdown: a
+/// page following a live run holds its connection open indefinitely.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    use std::future::IntoFuture;
+    tokio::select! {
+        served = axum::serve(listener, router).into_future() => served,
+        () = shutdown => Ok(()),
+    }
+}
+
+/// The UI's routes (relative to where the caller nests them; see [`Ui::with_base_path`]):
+///
+/// | route | what |
+/// | --- | --- |
+/// | `GET /` | redirect to `/runs` |
+/// | `GET /runs` | runs page (`state`, `agent`, `model`, `from`, `to`, `q`, `sort`, `dir`, `limit`, `skip`; `fragment=rows` for the table body only) |
+/// | `GET /runs/{thread}` | run page: header, waterfall, approval box |
+/// | `GET /runs/{thread}/live?after=N` | server-sent events: the live region re-rendered when the log grows |
+/// | `GET /runs/{thread}/spans/{span}` | one span's details (HTML fragment) |
+/// | `POST /runs/{thread}/approve`, `/deny` | record a decision on the paused call, then continue the run |
+/// | `POST /runs/{thread}/fork` | copy the log up to `at_seq` into a new thread |
+/// | `GET /dashboard` | metrics (`agent`, `from`) as inline SVG charts |
+/// | `GET /traces/{trace_id}` | a trace file, redacted again, as text |
+/// | `GET /assets/ui.css`, `/assets/ui.js` | the compiled-in assets |
+pub fn router(ui: Ui) -> Router {
+    Router::new()
+        .route("/", get(runs_page::index))
+        .route("/runs", get(runs_page::page))
+        .route("/runs/{thread}", get(run_page::page))
+        .route("/runs/{thread}/live", get(live::stream))
+        .route("/runs/{thread}/spans/{span}", get(detail::fragment))
+        .route("/runs/{thread}/approve", post(actions::approve))
+        .route("/runs/{thread}/deny", post(actions::deny))
+        .route("/runs/{thread}/fork", post(actions::fork))
+        .route("/dashboard", get(dashboard::page))
+        .route("/traces/{trace}", get(run_page::trace_file_text))
+        .route("/assets/{name}", get(assets::serve))
+        .fallback(error::not_found)
+        .layer(axum::middleware::map_response(layout::security_headers))
+        .with_state(ui)
+}

@@ -1,0 +1,340 @@
+//! The UI in a real browser: headless Chromium over WebDriver (keel-testkit's `browser`).
+//! Every wait is a condition polled against a generous deadline; screenshots of each page
+//! land in `target/ui-screenshots/` (referenced from docs/ui.md).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine as _;
+use keel_testkit::browser::Browser;
+use serde_json::{Value, json};
+
+use crate::common::{Fixture, get};
+
+/// How long any one condition may take to hold (a loaded 2-core machine; normally
+/// well under a second).
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Polls `script` (a function body returning a value; falsy = not yet) until it returns
+/// something truthy; script errors (e.g. while a page is navigating) count as "not yet".
+async fn wait_for(browser: &Browser, what: &str, script: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let last = match browser.execute(script, vec![]).await {
+            Ok(value) if truthy(&value) => return value,
+            Ok(value) => value,
+            Err(error) => json!(error.to_string()),
+        };
+        if tokio::time::Instant::now() > deadline {
+            let page = browser
+                .execute(
+                    "return location.href + '\\n' + document.body.innerText.slice(0, 3000);",
+                    vec![],
+                )
+                .await;
+            panic!("timed out after {DEADLINE:?} waiting for {what}; last: {last}; page: {page:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn truthy(value: &Value) -> bool {
+    !matches!(value, Value::Null | Value::Bool(false)) && value != &json!(0) && value != &json!("")
+}
+
+fn screenshot_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("ui-screenshots")
+}
+
+async fn screenshot(browser: &Browser, name: &str) {
+    let png = browser.screenshot_base64().await.unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(png.as_bytes())
+        .unwrap();
+    let dir = screenshot_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), bytes).unwrap();
+}
+
+/// No console errors and nothing caught by the page's `window.onerror` collector.
+async fn assert_no_errors(browser: &Browser, page: &str) {
+    let console = browser.console_errors().await.unwrap();
+    assert!(console.is_empty(), "{page}: console errors: {console:?}");
+    let caught = browser
+        .execute("return window.__keelErrors || null;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(caught, json!([]), "{page}: errors caught by the page");
+}
+
+async fn open(browser: &Browser, url: &str, ready: &str) {
+    browser.open(url).await.unwrap();
+    wait_for(browser, &format!("{url} to load"), ready).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_in_headless_chromium() {
+    let f = Fixture::new(true).await;
+    let live = f.threads.live.clone().unwrap();
+    let browser = Browser::launch().await.unwrap();
+    browser.set_window_size(1360, 900).await.unwrap();
+
+    // The runs page: every run, then filtered by end state through the form.
+    open(
+        &browser,
+        &f.url("/runs"),
+        "return document.querySelectorAll('#runs-body tr').length === 5;",
+    )
+    .await;
+    let states = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('#runs-body tr')).map(function (r) { return r.dataset.status; }).sort();",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        states,
+        json!(["awaiting_approval", "done", "done", "failed", "running"])
+    );
+    screenshot(&browser, "runs").await;
+    assert_no_errors(&browser, "runs").await;
+    browser
+        .execute(
+            "document.getElementById('filter-state').value = 'failed'; document.getElementById('apply-filters').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let failed = wait_for(
+        &browser,
+        "the state filter",
+        "if (location.search.indexOf('state=failed') < 0) return null;
+         var rows = Array.from(document.querySelectorAll('#runs-body tr'));
+         return rows.length === 1 ? rows[0].dataset.thread : null;",
+    )
+    .await;
+    assert_eq!(failed, json!(f.threads.failed));
+    assert_no_errors(&browser, "runs filtered").await;
+
+    // A finished run: expand its tool call and see the arguments.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{}", f.threads.done)),
+        "return document.getElementById('waterfall') !== null;",
+    )
+    .await;
+    let kinds = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('details.span')).map(function (s) { return s.dataset.kind; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(kinds, json!(["agent", "chat", "tool", "chat"]), "{kinds}");
+    browser
+        .execute(
+            "document.querySelector('details.span[data-kind=tool] > summary').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let arguments = wait_for(
+        &browser,
+        "the tool call's arguments",
+        "var a = document.querySelector('details.span[data-kind=tool][open] .tool-arguments');
+         return a ? a.textContent : null;",
+    )
+    .await;
+    assert!(
+        arguments
+            .as_str()
+            .unwrap()
+            .contains("\"expression\": \"6*7\""),
+        "{arguments}"
+    );
+    let result = browser
+        .execute("return document.querySelector('details.span[data-kind=tool] .tool-result-data').textContent;", vec![])
+        .await
+        .unwrap();
+    assert!(result.as_str().unwrap().contains("42"), "{result}");
+    screenshot(&browser, "run").await;
+    assert_no_errors(&browser, "run").await;
+
+    // `<script>` in a tool result and a user message: shown as text, never run.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{}", f.threads.xss)),
+        "return document.getElementById('waterfall') !== null;",
+    )
+    .await;
+    browser
+        .execute("document.querySelector('details.span[data-kind=tool] > summary').click(); return true;", vec![])
+        .await
+        .unwrap();
+    let shown = wait_for(
+        &browser,
+        "the ping_pong result",
+        "var d = document.querySelector('details.span[data-kind=tool] .tool-result-data');
+         return d ? d.textContent : null;",
+    )
+    .await;
+    assert!(
+        shown
+            .as_str()
+            .unwrap()
+            .contains("<script>window.__xss = 1</script>"),
+        "{shown}"
+    );
+    let injected = browser
+        .execute(
+            "return {xss: window.__xss === undefined ? null : window.__xss,
+                     scripts: document.querySelectorAll('main script, main img').length};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(injected, json!({"xss": null, "scripts": 0}));
+    assert_no_errors(&browser, "xss run").await;
+
+    // A live run: its next spans appear without a reload once the gate opens.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{live}")),
+        "return document.querySelector('#live[data-following=yes]') !== null;",
+    )
+    .await;
+    let before = browser
+        .execute(
+            "window.__sameDocument = true;
+             return {chats: document.querySelectorAll('details.span[data-kind=chat]').length,
+                     openTool: document.querySelectorAll('details.span[data-kind=tool][data-open-span=true]').length,
+                     state: document.getElementById('run-state').textContent};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        before,
+        json!({"chats": 1, "openTool": 1, "state": "running"})
+    );
+    screenshot(&browser, "run-live").await;
+    f.gate.add_permits(1);
+    let after = wait_for(
+        &browser,
+        "the live run's new spans",
+        "var chats = document.querySelectorAll('details.span[data-kind=chat]').length;
+         var state = document.getElementById('run-state').textContent;
+         return chats === 2 && state === 'done' ? {chats: chats, state: state, same: window.__sameDocument === true} : null;",
+    )
+    .await;
+    assert_eq!(after, json!({"chats": 2, "state": "done", "same": true}));
+    assert_no_errors(&browser, "live run").await;
+
+    // A paused run: approve it and watch it finish.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{}", f.threads.paused)),
+        "return document.querySelector('.approval button.approve') !== null;",
+    )
+    .await;
+    let call = browser
+        .execute(
+            "return document.querySelector('.approval').dataset.callId;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(call, json!(f.threads.paused_call));
+    screenshot(&browser, "run-paused").await;
+    browser
+        .execute(
+            "document.querySelector('.approval button.approve').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    wait_for(
+        &browser,
+        "the approved run to finish",
+        "var s = document.getElementById('run-state');
+         return s && s.textContent === 'done' && document.querySelector('.approval') === null;",
+    )
+    .await;
+    let approval = browser
+        .execute(
+            "return document.querySelectorAll('details.span[data-kind=approval]').length;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(approval, json!(1));
+    assert_no_errors(&browser, "approved run").await;
+
+    // The dashboard: the survival curve's points are `keel stats`' figures.
+    open(
+        &browser,
+        &f.url("/dashboard"),
+        "return document.getElementById('survival-chart') !== null;",
+    )
+    .await;
+    let points = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('#survival-chart circle.point')).map(function (c) {
+               return [Number(c.dataset.toolCalls), c.dataset.rate, Number(c.dataset.alive)]; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let events = f.all_events().await;
+    let report =
+        keel_telemetry::compute_metrics(&events, &keel_telemetry::MetricsOptions::default());
+    let expected: Vec<Value> = report
+        .survival
+        .iter()
+        .map(|p| json!([p.tool_calls, format!("{:.6}", p.rate), p.alive]))
+        .collect();
+    assert_eq!(points, json!(expected));
+    let labels = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('#survival-chart text.point-label')).map(function (t) { return t.textContent; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let summary = keel_telemetry::render_summary(&report);
+    for label in labels.as_array().unwrap() {
+        assert!(
+            summary.contains(label.as_str().unwrap()),
+            "{label} not in {summary}"
+        );
+    }
+    screenshot(&browser, "dashboard").await;
+    assert_no_errors(&browser, "dashboard").await;
+
+    // Bad input, last (Chromium logs a failed page load as a console error).
+    browser.open(&f.url("/runs/thr_unknown")).await.unwrap();
+    let message = wait_for(&browser, "the 404 page", "var m = document.getElementById('error-message'); return m ? [document.title, m.textContent] : null;").await;
+    assert_eq!(
+        message,
+        json!(["Not found — keel", "there is no run thr_unknown"])
+    );
+    screenshot(&browser, "not-found").await;
+    browser.open(&f.url("/runs?from=yesterday")).await.unwrap();
+    let message = wait_for(
+        &browser,
+        "the 400 page",
+        "var m = document.getElementById('error-message'); return m ? m.textContent : null;",
+    )
+    .await;
+    assert!(
+        message.as_str().unwrap().starts_with("invalid `from`"),
+        "{message}"
+    );
+    let (status, _) = get(&f.url("/runs?from=yesterday")).await;
+    assert_eq!(status, 400);
+    browser.close().await;
+}
