@@ -56,8 +56,8 @@ pub async fn serve(args: ServeArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::failure(e.to_string()))?;
     if report.left_to_queue {
         eprintln!(
-            "keel: runs still in progress after the grace period were left to the queue; \
-             another worker continues them once their leases expire"
+            "keel: runs still in progress after the grace period were interrupted and given \
+             back to the queue; another worker continues them from their logs"
         );
     }
     Ok(0)

@@ -58,6 +58,11 @@ pub struct WorkerArgs {
     /// Exit once no job is queued or leased.
     #[arg(long)]
     pub exit_when_idle: bool,
+    /// On SIGTERM or Ctrl-C, lease nothing more and give runs in progress this many
+    /// milliseconds to end; runs still going are then interrupted and their jobs given
+    /// back to the queue at once (another worker continues them).
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
     /// A base URL jobs may send this worker's API keys to (repeatable, or comma-separated
     /// in KEEL_WORKER_ALLOW_BASE_URLS): `scheme://host[:port][/path]` allows that origin and
     /// the paths under it; `loopback` allows 127.0.0.0/8, ::1 and localhost. Jobs with any
@@ -142,12 +147,56 @@ pub async fn worker(args: WorkerArgs) -> Result<u8, CliError> {
         options.concurrency,
         options.policy.describe()
     ));
-    Worker::new(opened.events, opened.queue, CliJobs, options)
+    let shutdown = CancellationToken::new();
+    let grace = Duration::from_millis(args.shutdown_grace_ms);
+    let worker = Worker::new(opened.events, opened.queue, CliJobs, options)
         .map_err(app_error)?
         .with_log(Arc::new(say))
-        .run()
-        .await;
+        .with_shutdown(shutdown.clone())
+        .with_shutdown_grace(grace);
+    let on_signal = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            stop_signal().await;
+            say(&format!(
+                "keel worker: stopping (runs in progress get {grace:?} to end, then go back \
+                 to the queue)"
+            ));
+            shutdown.cancel();
+        }
+    });
+    let report = worker.run().await;
+    on_signal.abort();
+    if report.released > 0 {
+        say(&format!(
+            "keel worker: {} run(s) interrupted and given back to the queue",
+            report.released
+        ));
+    }
     Ok(0)
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// A line on stderr, redacted like every other error the CLI prints.

@@ -28,6 +28,7 @@ mod providers_e2e;
 mod resume_failed;
 mod resume_recorded;
 mod run_cli;
+mod serve_shutdown;
 mod surfaces_cli;
 mod worker_queue;
 mod workflow_crash;

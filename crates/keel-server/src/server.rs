@@ -2,8 +2,9 @@
 //! metrics), the embedded workers, and the graceful shutdown: on the signal the server
 //! stops accepting runs and connections, streams end (clients reconnect elsewhere with
 //! `Last-Event-ID`), workers lease nothing more and runs in progress get
-//! `[server] shutdown_grace_ms` to finish; runs still going are dropped and their leases
-//! expire, so another worker continues them from the log.
+//! `[server] shutdown_grace_ms` to finish; runs still going then are interrupted (they
+//! write nothing more and stay in progress) and their jobs released to the queue at once,
+//! so another worker continues them from the log.
 
 use std::future::{Future, IntoFuture};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -54,7 +55,9 @@ pub enum ServerError {
 pub struct ServeReport {
     /// What the embedded workers did (none when they were disabled).
     pub workers: Option<WorkerReport>,
-    /// Runs were still going when the grace period ended (left to the queue).
+    /// Runs were still going when the grace period ended (given back to the queue: see
+    /// [`WorkerReport::released`]; those that could not be released in time are left to
+    /// their leases' expiry).
     pub left_to_queue: bool,
 }
 
@@ -175,6 +178,7 @@ impl Server {
             )
             .map_err(|e| ServerError::Workers(e.to_string()))?
             .with_shutdown(worker_stop.clone())
+            .with_shutdown_grace(grace)
             .with_log(Arc::new(
                 |line: &str| tracing::info!(target: "keel::worker", "{line}"),
             ));
@@ -220,8 +224,15 @@ impl Server {
         }
         let mut report = ServeReport::default();
         if let Some(mut task) = workers {
-            match tokio::time::timeout_at(deadline, &mut task).await {
-                Ok(Ok(worker)) => report.workers = Some(worker),
+            // At the deadline the workers interrupt their runs still going and release
+            // their jobs; a run gets up to a lease TTL to stop (then the worker drops it).
+            let ttl = Duration::from_millis(config.lease_ttl_ms);
+            let stopped = deadline + ttl + Duration::from_secs(1);
+            match tokio::time::timeout_at(stopped, &mut task).await {
+                Ok(Ok(worker)) => {
+                    report.left_to_queue = worker.released > 0;
+                    report.workers = Some(worker);
+                }
                 Ok(Err(_)) => {}
                 Err(_) => {
                     // Dropping the runs: their leases expire and another worker continues

@@ -34,12 +34,15 @@ pub enum Loss {
     /// A renewal failed or did not answer in time: the lease may still be valid, but this
     /// worker can no longer prove it.
     Unconfirmed(String),
+    /// The worker gave the lease up to shut down (it is still valid on the store until
+    /// the worker releases the job or the lease expires).
+    Shutdown(String),
 }
 
 impl std::fmt::Display for Loss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Lost(why) | Self::Unconfirmed(why) => f.write_str(why),
+            Self::Lost(why) | Self::Unconfirmed(why) | Self::Shutdown(why) => f.write_str(why),
         }
     }
 }

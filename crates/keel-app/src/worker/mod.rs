@@ -7,6 +7,15 @@
 //! line of defence. A job's custom base URL or agent file is used only when the worker
 //! allows it ([`JobPolicy`]).
 //!
+//! Shutdown ([`Worker::with_shutdown`]): the worker leases nothing more and lets its runs
+//! in progress go on; with [`Worker::with_shutdown_grace`], runs still going once the
+//! grace period has passed are interrupted — the lease is given up ([`Loss::Shutdown`]),
+//! so the run is cancelled and writes nothing more (no `RunEnded`: the run stays in
+//! progress) — and, once each has stopped, its job is released to the queue at once, so
+//! another worker continues the run from its log without waiting for the lease to expire.
+//! A mutating call the interrupted run had started is settled there as interrupted, never
+//! run again.
+//!
 //! The application decides what a job's agent recipe is and how it becomes an agent
 //! ([`JobAgents`]); the `keel worker` command and servers embedding workers share all the
 //! rest.
@@ -87,6 +96,8 @@ pub struct WorkerReport {
     pub waited: u64,
     /// Jobs whose lease was lost while their run was driven.
     pub lost: u64,
+    /// Jobs whose run was interrupted at shutdown and given back to the queue.
+    pub released: u64,
 }
 
 #[derive(Default)]
@@ -96,6 +107,7 @@ struct Counters {
     retried: AtomicU64,
     waited: AtomicU64,
     lost: AtomicU64,
+    released: AtomicU64,
 }
 
 impl Counters {
@@ -106,6 +118,7 @@ impl Counters {
             retried: self.retried.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
         }
     }
 }
@@ -137,6 +150,9 @@ struct Shared<A> {
     policy: JobPolicy,
     log: WorkerLog,
     shutdown: CancellationToken,
+    /// After shutdown, how long runs in progress may go on before they are interrupted
+    /// and their jobs released (`None`: until they end).
+    grace: Option<Duration>,
     counters: Counters,
 }
 
@@ -180,6 +196,7 @@ impl<A: JobAgents> Worker<A> {
                 policy: options.policy,
                 log: Arc::new(|_: &str| {}),
                 shutdown: CancellationToken::new(),
+                grace: None,
                 counters: Counters::default(),
             },
         })
@@ -199,6 +216,17 @@ impl<A: JobAgents> Worker<A> {
     #[must_use]
     pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shared.shutdown = shutdown;
+        self
+    }
+
+    /// After shutdown, gives runs in progress `grace` to end; runs still going then are
+    /// interrupted (cancelled, writing nothing more, so they stay in progress) and, once
+    /// stopped, their jobs are released to the queue at once for another worker to
+    /// continue (see the module docs). Without it, [`run`](Self::run) waits for every run
+    /// in progress to end.
+    #[must_use]
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shared.grace = Some(grace);
         self
     }
 
@@ -286,10 +314,40 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
     let result = tokio::select! {
         result = &mut run => Some(result),
         () = lost_then(&keeper, shared.ttl) => None,
+        () = interrupt_at_shutdown(shared, &keeper) => None,
     };
     keeping.abort();
     let lease = keeper.lease();
     let counters = &shared.counters;
+    let interrupted = matches!(keeper.loss(), Some(Loss::Shutdown(_)));
+    if interrupted && matches!(result, Some(Ok(_))) {
+        // The run ended (or paused) before the interruption could stop it: the lease is
+        // still ours, complete the job as usual.
+    } else if interrupted {
+        if result.is_none() {
+            shared.say(&format!(
+                "job {job} thread {thread_id}: interrupted for shutdown, but the run did not \
+                 stop within the lease TTL; dropped it (the lease expires)"
+            ));
+            return;
+        }
+        // The run has stopped and wrote nothing after the interruption: give the job back
+        // so another worker continues the run now.
+        match shared.queue.release(&lease).await {
+            Ok(()) => {
+                counters.released.fetch_add(1, Ordering::Relaxed);
+                shared.say(&format!(
+                    "job {job} thread {thread_id}: interrupted for shutdown; released to the \
+                     queue (another worker continues the run)"
+                ));
+            }
+            Err(e) => shared.say(&format!(
+                "job {job} thread {thread_id}: interrupted for shutdown; giving the job back \
+                 failed ({e}); another worker continues the run once the lease expires"
+            )),
+        }
+        return;
+    }
     if let Some(loss) = keeper.loss() {
         counters.lost.fetch_add(1, Ordering::Relaxed);
         let stopped = if result.is_some() {
@@ -349,6 +407,20 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
             }
         }
     }
+}
+
+/// With a shutdown grace, gives the lease up ([`Loss::Shutdown`], which cancels the run and
+/// fences its writes) once the worker has been shut down for that long; never resolves
+/// (the run's end or [`lost_then`] ends the wait).
+async fn interrupt_at_shutdown<A>(shared: &Shared<A>, keeper: &LeaseKeeper) {
+    if let Some(grace) = shared.grace {
+        shared.shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+        keeper.lose(Loss::Shutdown(format!(
+            "the worker is shutting down and the run did not end within {grace:?}"
+        )));
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Resolves `grace` after the lease is lost: how long a cancelled run gets to stop.

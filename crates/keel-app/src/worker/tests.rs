@@ -20,6 +20,9 @@ use super::*;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Spec {
     reply: String,
+    /// The new run's model answers after this many milliseconds (a resumed run's at once).
+    #[serde(default)]
+    slow_ms: Option<u64>,
     base_url: Option<String>,
     submission: Option<String>,
 }
@@ -61,11 +64,15 @@ impl JobAgents for Scripted {
     async fn build(
         &self,
         spec: &Spec,
-        _start: JobStart<'_>,
+        start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
     ) -> Result<(Box<dyn Agent>, RunContext), String> {
-        let model = Arc::new(ScriptedModel::new(vec![ScriptStep::text(&spec.reply)]));
+        let mut step = ScriptStep::text(&spec.reply);
+        if matches!(start, JobStart::New) {
+            step.delay_ms = spec.slow_ms;
+        }
+        let model = Arc::new(ScriptedModel::new(vec![step]));
         let agent = ToolAgent::builder("scripted", model)
             .recipe(serde_json::to_value(spec).unwrap())
             .build();
@@ -76,6 +83,7 @@ impl JobAgents for Scripted {
 fn spec(reply: &str, base_url: Option<&str>) -> Spec {
     Spec {
         reply: reply.into(),
+        slow_ms: None,
         base_url: base_url.map(str::to_string),
         submission: None,
     }
@@ -244,4 +252,101 @@ fn options_out_of_range_are_refused() {
         ..options()
     })
     .unwrap();
+}
+
+/// With a shutdown grace, a run still going when it passes is interrupted without an end
+/// event and its job released at once (not left to the lease's expiry): the next worker
+/// resumes the same run, which then ends exactly once.
+#[tokio::test]
+async fn shutdown_grace_interrupts_the_run_and_releases_its_job() {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let slow = Spec {
+        slow_ms: Some(3_600_000),
+        ..spec("finally", None)
+    };
+    let job = submit(events.as_ref(), queue.as_ref(), None, slow, "go".into())
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let (lines, log) = collect();
+    let worker = Worker::new(
+        events.clone(),
+        queue.clone(),
+        Scripted,
+        WorkerOptions {
+            exit_when_idle: false,
+            // Far longer than the test: only a release gives the job back in time.
+            lease_ttl: Duration::from_secs(3600),
+            ..options()
+        },
+    )
+    .unwrap()
+    .with_log(log)
+    .with_shutdown(shutdown.clone())
+    .with_shutdown_grace(Duration::from_millis(20));
+    let running = tokio::spawn(worker.run());
+    // Wait until the run is in progress (its model call hangs).
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let thread = Thread::load(events.as_ref(), &job.thread_id).await.unwrap();
+            if thread.state().run_in_progress() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    shutdown.cancel();
+    let report = tokio::time::timeout(DEADLINE, running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        report,
+        WorkerReport {
+            released: 1,
+            ..WorkerReport::default()
+        }
+    );
+    let line = lines.lock().unwrap().join("\n");
+    assert!(line.contains("released to the queue"), "{line}");
+    assert_eq!(
+        queue.job(job.job_id).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    let before = events.load(&job.thread_id).await.unwrap();
+    assert!(
+        !before
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::RunEnded { .. })),
+        "an interrupted run writes no end: {before:?}"
+    );
+
+    // Another worker continues the same run; it ends once.
+    let (lines, log) = collect();
+    let next = Worker::new(events.clone(), queue.clone(), Scripted, options())
+        .unwrap()
+        .with_log(log);
+    let report = tokio::time::timeout(DEADLINE, next.run()).await.unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    let line = lines.lock().unwrap().join("\n");
+    assert!(
+        line.contains("ended done (resumed an interrupted run)"),
+        "{line}"
+    );
+    let after = events.load(&job.thread_id).await.unwrap();
+    for (i, event) in after.iter().enumerate() {
+        assert_eq!(event.seq, i as u64);
+    }
+    let starts = after
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+        .count();
+    let ends = after
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RunEnded { .. }))
+        .count();
+    assert_eq!((starts, ends), (1, 1));
 }
