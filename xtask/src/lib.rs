@@ -9,6 +9,10 @@
 //!   every run ends `done`, and no mutating call takes effect twice.
 //! - [`soak`]: many long conversations with compaction; checks that memory, tokio tasks and
 //!   file descriptors do not grow with the work done.
+//! - [`serve_bench`] (`cargo xtask bench-serve`, issue 17): the load benchmark of `keel
+//!   serve` — separate release `keel` processes (server and mock LLM) driven by many
+//!   concurrent streaming chats; it reports figures for docs/server.md and fails only on
+//!   errors.
 //!
 //! The logic lives here so the short versions in `xtask/tests/` (run by `./scripts/test`)
 //! exercise the same code as the full commands. Verdicts depend on seeded faults and
@@ -17,6 +21,7 @@
 pub mod chaos;
 pub mod panics;
 pub mod process;
+pub mod serve_bench;
 pub mod soak;
 pub mod stats;
 pub mod store;

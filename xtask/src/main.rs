@@ -3,18 +3,26 @@
 //! - `cargo xtask chaos [--conversations 1000] [--concurrency 32] [--fault-rate 0.3]
 //!   [--seed N] [--store memory|sqlite]`
 //! - `cargo xtask soak [--conversations 1000] [--turns 50] [--concurrency 32] ...`
+//! - `cargo xtask bench-serve [--chats 500] [--concurrency 500] [--store sqlite|postgres] ...`
+//!   (the load benchmark of `keel serve`; docs/server.md, "Load")
 //!
 //! Each prints a report and exits 1 when an assertion fails (2 when it cannot run).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use xtask::chaos::{self, ChaosOptions};
+use xtask::serve_bench::{self, ServeBenchOptions, ServeStore};
 use xtask::soak::{self, SoakOptions};
 use xtask::store::StoreKind;
 
 #[derive(Debug, Parser)]
-#[command(name = "cargo xtask", about = "Keel's reliability harness (issue 14)")]
+#[command(
+    name = "cargo xtask",
+    about = "Keel's reliability harness (issue 14) and the load benchmark of keel serve (issue 17)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,6 +77,46 @@ enum Command {
         /// Largest allowed growth of resident memory after warm-up, in percent.
         #[arg(long, default_value_t = 5.0)]
         max_rss_drift: f64,
+    },
+    /// Load benchmark of `keel serve`: concurrent streaming chats against `keel mock-llm`
+    /// (figures for docs/server.md; fails only on errors).
+    BenchServe {
+        /// Chats of the measured load (and streams of the baseline straight to the mock).
+        #[arg(long, default_value_t = 500)]
+        chats: usize,
+        /// Chats in flight at once.
+        #[arg(long, default_value_t = 500)]
+        concurrency: usize,
+        /// Embedded workers of `keel serve` (default: the concurrency).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// The mock's latency before the response headers, in ms.
+        #[arg(long, default_value_t = 50)]
+        latency_ms: u64,
+        /// The mock's pause between stream frames, in ms.
+        #[arg(long, default_value_t = 5)]
+        chunk_delay_ms: u64,
+        /// Words of each answer (streamed two per chunk).
+        #[arg(long, default_value_t = 40)]
+        words: usize,
+        /// Chats (and baseline streams) run before the measured phases.
+        #[arg(long, default_value_t = 20)]
+        warmup: usize,
+        /// The store of `keel serve` (postgres: a fresh schema of $DATABASE_URL).
+        #[arg(long, value_enum, default_value_t = ServeStore::Sqlite)]
+        store: ServeStore,
+        /// The agent's model (an `openai:` spec; the mock answers any name).
+        #[arg(long, default_value = "openai:gpt-4.1-mini")]
+        model: String,
+        /// Use this keel binary instead of building the release one.
+        #[arg(long, value_name = "PATH")]
+        keel: Option<PathBuf>,
+        /// Where to write report.md and report.json (default target/bench-serve).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// The longest one chat may take, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
     },
 }
 
@@ -126,6 +174,42 @@ fn main() -> ExitCode {
                     max_rss_drift_percent: max_rss_drift,
                 })
                 .await?;
+                Ok((report.to_string(), report.failures().is_empty()))
+            }
+            Command::BenchServe {
+                chats,
+                concurrency,
+                workers,
+                latency_ms,
+                chunk_delay_ms,
+                words,
+                warmup,
+                store,
+                model,
+                keel,
+                out,
+                timeout_secs,
+            } => {
+                let report = serve_bench::run(ServeBenchOptions {
+                    chats,
+                    concurrency,
+                    workers,
+                    latency_ms,
+                    chunk_delay_ms,
+                    words,
+                    warmup,
+                    store,
+                    model,
+                    keel,
+                    out,
+                    timeout: Duration::from_secs(timeout_secs),
+                })
+                .await?;
+                let dir = serve_bench::write_report(&report)?;
+                eprintln!(
+                    "bench-serve: report written to {}/report.{{md,json}}",
+                    dir.display()
+                );
                 Ok((report.to_string(), report.failures().is_empty()))
             }
         }

@@ -146,6 +146,13 @@ pub struct AgentCard {
     /// Authentication schemes, as published (not interpreted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_schemes: Option<Value>,
+    /// 1.0: which schemes a request must satisfy (`[{"schemes": {"bearer": {"list": []}}}]`:
+    /// any one entry), as published (not interpreted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_requirements: Option<Value>,
+    /// 0.3: the same requirements in 0.3's shape (`[{"bearer": []}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<Value>,
 }
 
 /// The endpoint a client talks to: URL and protocol version.

@@ -373,11 +373,18 @@ impl A2aBackend for Arc<EchoBackend> {
 /// runtime; answers the agent's URL (`http://127.0.0.1:PORT/a2a/echo`) and the backend.
 pub async fn serve_echo() -> std::io::Result<(String, Arc<EchoBackend>)> {
     let backend = EchoBackend::new();
+    let url = serve(Arc::clone(&backend)).await?;
+    Ok((url, backend))
+}
+
+/// Serves `backend` (e.g. [`EchoBackend::without_streaming`]) on `127.0.0.1` (a free port)
+/// for the life of the runtime; answers the agent's URL (`http://127.0.0.1:PORT/a2a/echo`).
+pub async fn serve(backend: Arc<EchoBackend>) -> std::io::Result<String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let address = listener.local_addr()?;
     let router = crate::server::router(Arc::new(Arc::clone(&backend))).build();
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
-    Ok((format!("http://{address}/a2a/echo"), backend))
+    Ok(format!("http://{address}/a2a/echo"))
 }

@@ -8,11 +8,20 @@
 //! remote agent asked and how to answer (call again with `task_id`). When the call is
 //! cancelled, times out, or is dropped while the remote task runs, the tool sends
 //! `CancelTask` / `tasks/cancel` for it.
+//!
+//! Credentials (`auth`'s variables) are asked of the call's credential source first
+//! ([`ToolContext::lookup_credential`]; in `keel serve`, the tenant's own secrets): when it
+//! answers, the call talks through a client of its own holding those secrets; when it
+//! decides the call's credentials and has none, the call fails with `unauthorized` before
+//! anything is sent — the process environment is read only for credentials the source
+//! leaves to the tool.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use keel_core::tool::CredentialLookup;
 use keel_core::{Effect, RetryPolicy, Tool, ToolContext, ToolError, ToolErrorCode, ToolSpec};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -238,6 +247,51 @@ impl A2aTool {
     /// The client the tool calls through.
     pub fn client(&self) -> &A2aClient {
         &self.client
+    }
+
+    /// The client of one call: the tool's own, unless the call's credential source
+    /// answers for the agent's credentials — then a client holding the secrets it gave
+    /// (variables it leaves to the tool are read from the agent's environment). A
+    /// credential the source decides and lacks fails the call with `unauthorized`.
+    fn client_for(&self, ctx: &ToolContext) -> Result<A2aClient, ToolError> {
+        let name = &self.agent.name;
+        let auth = &self.agent.auth;
+        let declared = auth
+            .bearer_env
+            .iter()
+            .map(|var| (var, "auth.bearer_env".to_string()))
+            .chain(
+                auth.headers
+                    .iter()
+                    .map(|(header, var)| (var, format!("auth.headers.{header}"))),
+            );
+        let mut given: BTreeMap<String, String> = BTreeMap::new();
+        for (var, field) in declared {
+            match ctx.lookup_credential(name, var) {
+                CredentialLookup::Found(secret) => {
+                    given.insert(var.clone(), secret);
+                }
+                CredentialLookup::Missing { fix } => {
+                    return Err(ToolError::new(
+                        ToolErrorCode::Unauthorized,
+                        format!(
+                            "remote agent `{name}` needs the credential `{var}` ({field}): {fix}"
+                        ),
+                    )
+                    .with_details(json!({"credential": var, "field": field})));
+                }
+                CredentialLookup::Unmanaged => {}
+            }
+        }
+        if given.is_empty() {
+            return Ok(self.client.clone());
+        }
+        let fallback = Arc::clone(&self.agent.env);
+        let env: EnvLookup =
+            Arc::new(move |var: &str| given.get(var).cloned().or_else(|| fallback(var)));
+        let mut options = self.client.options().clone();
+        options.env = env;
+        A2aClient::new(&self.agent.url, options).map_err(|e| tool_error(name, &e))
     }
 
     /// Follows the remote task to its end (or pause): streaming when the card says the
@@ -487,8 +541,9 @@ impl Tool for A2aTool {
         // Stable across retries and resumes of this call: the remote agent may deduplicate.
         message.message_id = format!("keel-{}", ctx.idempotency_key);
         message.task_id = args.task_id.filter(|id| !id.is_empty());
+        let client = self.client_for(ctx)?;
         let tracker = Arc::new(Tracker {
-            client: self.client.clone(),
+            client: client.clone(),
             state: Mutex::new(TrackerState::default()),
         });
         let _guard = CancelOnDrop {
@@ -498,7 +553,7 @@ impl Tool for A2aTool {
         // requested before the agent named its task is carried out when it does.
         let timeout = self.agent.timeout;
         let mut follower = tokio::spawn({
-            let (client, tracker) = (self.client.clone(), Arc::clone(&tracker));
+            let tracker = Arc::clone(&tracker);
             async move {
                 let bound = timeout.saturating_add(EXECUTOR_MARGIN);
                 tokio::time::timeout(bound, Self::follow(client, message, tracker))

@@ -4,3 +4,4 @@ mod common;
 mod keel_router;
 mod python_client;
 mod python_peer;
+mod turn;

@@ -131,6 +131,25 @@ pub(crate) async fn agent_builder(
     {
         return Err(refused);
     }
+    if let Some(resolved) = resolved.as_ref().filter(|r| crate::a2a_agent::is_a2a(r)) {
+        let name = crate::a2a_agent::agent_name(resolved);
+        let key = if resolved.definition.a2a.is_some() {
+            "a2a"
+        } else {
+            "kind"
+        };
+        return Err(resolved.error(
+            DiagnosticCode::InvalidValue,
+            key,
+            format!(
+                "`{}`: agent `{name}` is answered by a remote A2A agent, so it is not a \
+                 tool-calling agent and cannot be built as one here; run it as an agent \
+                 (`keel run --agent {name}`, a handoff, agents_as_tools, a workflow step, \
+                 `keel serve`), or build it with `App::composed_agent` / `App::a2a_agent`",
+                resolved.key_path(key)
+            ),
+        ));
+    }
     let empty = AgentDefinition::default();
     let def = resolved.as_ref().map_or(&empty, |r| &r.definition);
     let mut problems = Problems {
@@ -243,7 +262,7 @@ pub(crate) async fn agent_builder(
                         continue;
                     }
                     match keel_tools::HttpTool::with_env(config.as_ref().clone(), &declared) {
-                        Ok(tool) => Arc::new(tool),
+                        Ok(tool) => Arc::new(tool.with_call_env(Arc::clone(&app.env))),
                         Err(e) => {
                             problems.add(
                                 DiagnosticCode::InvalidValue,

@@ -50,7 +50,8 @@ impl Catalog {
 }
 
 /// Builds the catalog: built-ins, `extra`, keel.toml's HTTP tools and A2A agents (their
-/// credentials read from `env` at each call), then `mcp`'s tools.
+/// `auth` credentials asked of the call's credential source, else read from `env` at
+/// each call), then `mcp`'s tools.
 pub(crate) fn build(
     config: &KeelConfig,
     extra: &ToolRegistry,
@@ -71,7 +72,8 @@ pub(crate) fn build(
     for (index, declared) in config.tools.http.iter().enumerate() {
         let at = format!("keel.toml tools.http[{index}] `{}`", declared.name);
         let tool = keel_tools::HttpTool::new(declared.clone())
-            .map_err(|e| tool_error(at.clone(), e.to_string()))?;
+            .map_err(|e| tool_error(at.clone(), e.to_string()))?
+            .with_call_env(Arc::clone(env));
         let name = DynTool::spec(&tool).name.clone();
         registry
             .register(Arc::new(tool))

@@ -1,6 +1,8 @@
 //! Agents made of agents, from configuration: `agents_as_tools` (each named agent built
 //! and offered to the agent as a [`AgentTool`]) and `handoffs` (a `transfer_to_<name>`
 //! tool per target, and a [`HandoffGroup`] holding every agent a conversation can reach).
+//! A member may be a remote A2A agent (`a2a = "…"`, [`A2aAgent`]): a handoff target, an
+//! agent offered as a tool, or the entry itself.
 //!
 //! Everything is checked before any model is built or called, each problem naming the
 //! file, key and line: an unknown agent in `handoffs` or `agents_as_tools`, a cycle of
@@ -19,17 +21,56 @@ use keel_runtime::{
 };
 
 use crate::App;
+use crate::a2a_agent::A2aAgent;
 use crate::build::{AgentRequest, Problems, Resolution};
 use crate::definition::{AgentRef, Resolved};
 use crate::error::AppError;
 
 /// An agent built from configuration with what it composes: the agent itself (the entry)
 /// and, when it hands off, every agent its conversations can be handed to. Runs go through
-/// the handoff group, so the agent owning a thread (read from its log) answers.
+/// the handoff group, so the agent owning a thread (read from its log) answers. The entry
+/// and the members are tool-calling agents or remote A2A agents ([`A2aAgent`]).
 pub struct ComposedAgent {
-    entry: Arc<ToolAgent>,
-    members: BTreeMap<String, Arc<ToolAgent>>,
+    entry: Member,
+    members: BTreeMap<String, Member>,
     group: Option<HandoffGroup>,
+}
+
+/// One agent of a composition.
+#[derive(Clone)]
+enum Member {
+    Tool(Arc<ToolAgent>),
+    Remote(Arc<A2aAgent>),
+}
+
+impl Member {
+    fn name(&self) -> &str {
+        match self {
+            Self::Tool(agent) => agent.name(),
+            Self::Remote(agent) => Agent::name(agent.as_ref()),
+        }
+    }
+
+    fn as_agent(&self) -> &dyn Agent {
+        match self {
+            Self::Tool(agent) => agent.as_ref(),
+            Self::Remote(agent) => agent.as_ref(),
+        }
+    }
+
+    fn shared(&self) -> Arc<dyn Agent> {
+        match self {
+            Self::Tool(agent) => Arc::clone(agent) as Arc<dyn Agent>,
+            Self::Remote(agent) => Arc::clone(agent) as Arc<dyn Agent>,
+        }
+    }
+
+    fn check_resumable(&self, thread: &Thread) -> Result<Vec<String>, RunError> {
+        match self {
+            Self::Tool(agent) => agent.check_resumable(thread),
+            Self::Remote(agent) => agent.check_resumable(thread),
+        }
+    }
 }
 
 impl std::fmt::Debug for ComposedAgent {
@@ -44,9 +85,17 @@ impl std::fmt::Debug for ComposedAgent {
 impl ComposedAgent {
     /// One agent, composing nothing.
     pub fn single(agent: ToolAgent) -> Self {
-        let entry = Arc::new(agent);
+        Self::of(Member::Tool(Arc::new(agent)))
+    }
+
+    /// One remote A2A agent, composing nothing.
+    pub fn remote(agent: A2aAgent) -> Self {
+        Self::of(Member::Remote(Arc::new(agent)))
+    }
+
+    fn of(entry: Member) -> Self {
         let mut members = BTreeMap::new();
-        members.insert(entry.name().to_string(), Arc::clone(&entry));
+        members.insert(entry.name().to_string(), entry.clone());
         Self {
             entry,
             members,
@@ -54,34 +103,57 @@ impl ComposedAgent {
         }
     }
 
-    /// The agent new conversations start with.
-    pub fn entry(&self) -> &ToolAgent {
-        &self.entry
+    /// The agent new conversations start with, when it is a tool-calling agent (`None`
+    /// for a remote A2A agent: see [`entry_agent`](Self::entry_agent)).
+    pub fn entry(&self) -> Option<&ToolAgent> {
+        match &self.entry {
+            Member::Tool(agent) => Some(agent),
+            Member::Remote(_) => None,
+        }
     }
 
-    /// The entry agent's model.
-    pub fn model(&self) -> &Arc<dyn Model> {
-        self.entry.model()
+    /// The agent new conversations start with, whatever its kind.
+    pub fn entry_agent(&self) -> &dyn Agent {
+        self.entry.as_agent()
+    }
+
+    /// The entry agent's model (`None` for a remote A2A agent, which has its own).
+    pub fn model(&self) -> Option<&Arc<dyn Model>> {
+        self.entry().map(ToolAgent::model)
+    }
+
+    /// What answers the entry agent: its model's id (`provider:model`), or
+    /// `a2a:<remote>` for a remote A2A agent.
+    pub fn model_id(&self) -> String {
+        match &self.entry {
+            Member::Tool(agent) => agent.model().id(),
+            Member::Remote(agent) => agent.model_id(),
+        }
     }
 
     /// An agent of the composition by name (the entry or a handoff target).
-    pub fn member(&self, name: &str) -> Option<&ToolAgent> {
-        self.members.get(name).map(|agent| agent.as_ref())
+    pub fn member(&self, name: &str) -> Option<&dyn Agent> {
+        self.members.get(name).map(Member::as_agent)
     }
 
     /// The agent that owns `thread` (see [`HandoffGroup::active_agent`]).
-    pub fn owner(&self, thread: &Thread) -> &ToolAgent {
+    pub fn owner(&self, thread: &Thread) -> &dyn Agent {
+        self.owner_member(thread).as_agent()
+    }
+
+    fn owner_member(&self, thread: &Thread) -> &Member {
         let state = thread.state();
         state
             .pending_handoff()
             .or_else(|| state.run().map(|run| run.agent.as_str()))
-            .and_then(|name| self.member(name))
+            .and_then(|name| self.members.get(name))
             .unwrap_or(&self.entry)
     }
 
-    /// [`ToolAgent::check_resumable`] with the agent that owns `thread`.
+    /// Whether the agent that owns `thread` can continue its run (see
+    /// [`ToolAgent::check_resumable`]); answers the differences worth telling.
     pub fn check_resumable(&self, thread: &Thread) -> Result<Vec<String>, RunError> {
-        self.owner(thread).check_resumable(thread)
+        self.owner_member(thread).check_resumable(thread)
     }
 
     /// Runs on `thread` (see [`Agent::run`]).
@@ -93,7 +165,12 @@ impl ComposedAgent {
     ) -> Result<RunOutcome, RunError> {
         match &self.group {
             Some(group) => group.run(new_messages, thread, context).await,
-            None => self.entry.run(new_messages, thread, context).await,
+            None => {
+                self.entry
+                    .as_agent()
+                    .run(new_messages, thread, context)
+                    .await
+            }
         }
     }
 
@@ -105,7 +182,7 @@ impl ComposedAgent {
     ) -> Result<RunOutcome, RunError> {
         match &self.group {
             Some(group) => group.resume(thread, context).await,
-            None => self.entry.resume(thread, context).await,
+            None => self.entry.as_agent().resume(thread, context).await,
         }
     }
 }
@@ -117,7 +194,7 @@ impl Agent for ComposedAgent {
     }
 
     fn description(&self) -> &str {
-        self.entry.description()
+        self.entry.as_agent().description()
     }
 
     async fn run(
@@ -420,12 +497,18 @@ pub(crate) async fn compose(
         }
         built_tables.push(table.clone());
         let sub = member_request(request, &table);
-        let (builder, member) = Box::pin(app.agent_builder(&sub)).await?;
-        if let Some(member_def) = &member.definition {
-            queue.extend(member_def.handoffs.iter().flatten().cloned());
-            limit = limit.max(member_def.max_handoffs);
-        }
-        let agent = Arc::new(builder.recipe(recipe.clone()).build());
+        let agent = if crate::a2a_agent::refers_to_a2a(app, sub.agent.as_ref()) {
+            // A remote agent hands nothing off (its definition cannot say `handoffs`).
+            let (agent, _) = app.a2a_agent(&sub, recipe.clone())?;
+            Member::Remote(Arc::new(agent))
+        } else {
+            let (builder, member) = Box::pin(app.agent_builder(&sub)).await?;
+            if let Some(member_def) = &member.definition {
+                queue.extend(member_def.handoffs.iter().flatten().cloned());
+                limit = limit.max(member_def.max_handoffs);
+            }
+            Member::Tool(Arc::new(builder.recipe(recipe.clone()).build()))
+        };
         if composed.members.contains_key(agent.name()) {
             return Err(AppError::Invalid(format!(
                 "two agents reachable by handoff from `{}` are named `{}`; give them \
@@ -434,13 +517,11 @@ pub(crate) async fn compose(
                 agent.name()
             )));
         }
-        composed
-            .members
-            .insert(agent.name().to_string(), Arc::clone(&agent));
+        composed.members.insert(agent.name().to_string(), agent);
     }
-    let mut group = HandoffGroup::new(Arc::clone(&composed.entry) as Arc<dyn Agent>);
+    let mut group = HandoffGroup::new(composed.entry.shared());
     for member in composed.members.values() {
-        group = group.with_agent(Arc::clone(member) as Arc<dyn Agent>);
+        group = group.with_agent(member.shared());
     }
     if let Some(limit) = limit {
         group = group.max_handoffs(limit);

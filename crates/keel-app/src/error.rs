@@ -67,6 +67,26 @@ pub enum AppError {
 }
 
 impl AppError {
+    /// One error for every problem found: located diagnostics together, else the first
+    /// other problem; `None` when there is none.
+    pub(crate) fn merge(problems: Vec<AppError>) -> Option<AppError> {
+        let mut located = Vec::new();
+        let mut other = None;
+        for problem in problems {
+            match problem {
+                AppError::Located(diagnostics) => located.extend(diagnostics),
+                problem => {
+                    other.get_or_insert(problem);
+                }
+            }
+        }
+        if located.is_empty() {
+            other
+        } else {
+            Some(AppError::Located(located))
+        }
+    }
+
     /// A stable code: `config`, `located`, `unknown_agent`, `unknown_tool`, `model`,
     /// `tool`, `store`, `invalid` or `resume`.
     pub fn code(&self) -> &'static str {

@@ -22,6 +22,7 @@
 //! Precedence everywhere: the caller's explicit value (a CLI flag) > the environment
 //! variable named in `docs/configuration.md` > keel.toml > the built-in default.
 
+pub mod a2a_agent;
 mod build;
 mod catalog;
 pub mod compose;
@@ -45,6 +46,7 @@ use keel_mcp::McpManager;
 use keel_runtime::{RunApprovalMode, RunContext, ToolAgent, ToolAgentBuilder};
 use keel_store::OpenedStore;
 
+pub use a2a_agent::A2aAgent;
 pub use build::{AgentRequest, DEFAULT_INSTRUCTIONS, Resolution};
 pub use catalog::Catalog;
 pub use compose::ComposedAgent;
@@ -228,12 +230,17 @@ impl App {
 
     /// Builds the agent `request` describes with what it composes: its `agents_as_tools`
     /// (already among its tools) and, when it hands off, every agent its conversations can
-    /// be handed to — run through [`ComposedAgent::run`] so handoffs are followed. Use it
+    /// be handed to — run through [`ComposedAgent::run`] so handoffs are followed. A remote
+    /// A2A agent (`a2a = "…"`) is built alone (it composes nothing). Use it
     /// rather than [`agent`](Self::agent) for agents with `handoffs`.
     pub async fn composed_agent(
         &self,
         request: &AgentRequest,
     ) -> Result<(ComposedAgent, Resolution), AppError> {
+        if a2a_agent::refers_to_a2a(self, request.agent.as_ref()) {
+            let (agent, resolution) = self.a2a_agent(request, serde_json::Value::Null)?;
+            return Ok((ComposedAgent::remote(agent), resolution));
+        }
         let (builder, resolution) = self.agent_builder(request).await?;
         let agent = self
             .compose(builder, &resolution, request, serde_json::Value::Null)

@@ -268,6 +268,9 @@ impl Recipe {
         model_override: Option<Arc<dyn Model>>,
     ) -> Result<BuiltRecipe, AppError> {
         self.validate()?;
+        if crate::a2a_agent::refers_to_a2a(app, self.agent_ref().as_ref()) {
+            return self.build_a2a_agent(app);
+        }
         if let (Some(script), None) = (&self.script, &model_override) {
             return Err(AppError::Invalid(format!(
                 "the agent is driven by script {}, whose model this caller cannot provide",
@@ -313,6 +316,46 @@ impl Recipe {
             agent,
             approve: resolution.approve,
             notices: resolution.notices,
+        })
+    }
+}
+
+impl Recipe {
+    /// [`build_agent`](Self::build_agent) for a remote A2A agent: built from its
+    /// `[[a2a.agents]]` entry, recording this recipe (with the agent file's hash); model
+    /// settings do not apply (a notice says so) and `--tool` is refused.
+    fn build_a2a_agent(&self, app: &App) -> Result<BuiltRecipe, AppError> {
+        let request = AgentRequest {
+            agent: self.agent_ref(),
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            tools: self.tools.clone(),
+            instructions: self.instructions.clone(),
+            max_turns: self.max_turns,
+            context_strategy: self.context_strategy.clone(),
+            context_window: self.context_window,
+            max_output_tokens: self.max_output_tokens,
+            ..AgentRequest::default()
+        };
+        let mut resolved = self.clone();
+        if let Some(path) = &self.agent {
+            resolved.agent_sha256 = Some(file_sha256(path)?);
+        }
+        let recipe = serde_json::to_value(&resolved)
+            .map_err(|e| AppError::Resume(format!("cannot record the agent definition: {e}")))?;
+        let (agent, resolution) = app.a2a_agent(&request, recipe)?;
+        let mut notices = resolution.notices;
+        if let Some(script) = &self.script {
+            notices.push(format!(
+                "--script {} does not apply to agent `{}`: a remote A2A agent answers it",
+                script.display(),
+                resolution.name
+            ));
+        }
+        Ok(BuiltRecipe {
+            agent: ComposedAgent::remote(agent),
+            approve: None,
+            notices,
         })
     }
 }

@@ -120,6 +120,7 @@ impl ResponsesAgent {
         previous: Option<&str>,
         span: &str,
         batch: &mut Vec<(EventKind, String)>,
+        first_token: &mut keel_runtime::runner::FirstToken,
     ) -> Result<keel_core::ModelResponse, Option<ModelError>> {
         let context = run.context();
         let mut stream = self.client.stream(previous, request);
@@ -144,6 +145,7 @@ impl ResponsesAgent {
             for observer in &context.observers {
                 observer.on_stream(run.thread_id(), run.run_id(), &event);
             }
+            first_token.observe(&event);
             if let Some(kind) = keel_runtime::runner::stream_event_record(&event) {
                 batch.push((kind, span.to_string()));
             }
@@ -225,9 +227,17 @@ impl Agent for ResponsesAgent {
         )])
         .await?;
         let started = Instant::now();
+        let mut first_token = keel_runtime::runner::FirstToken::new(started);
         let mut batch = Vec::new();
         let result = self
-            .answer(&run, request, previous.as_deref(), &span, &mut batch)
+            .answer(
+                &run,
+                request,
+                previous.as_deref(),
+                &span,
+                &mut batch,
+                &mut first_token,
+            )
             .await;
         let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let response = match result {
@@ -272,6 +282,7 @@ impl Agent for ResponsesAgent {
                 stop_reason: response.stop_reason,
                 response_id: Some(response_id),
                 cost_usd: response.cost_usd,
+                first_token_ms: first_token.millis(),
             },
             span,
         ));
@@ -318,7 +329,7 @@ async fn fail(
 
 /// The kind of agent a definition describes.
 pub(crate) fn kind_of(definition: &AgentDefinition) -> AgentKind {
-    definition.kind.unwrap_or_default()
+    definition.agent_kind()
 }
 
 /// The error for building a Responses agent as a tool-calling one (a surface that only
@@ -459,7 +470,7 @@ impl App {
             }
             (None, None, None) => None,
         };
-        if let Some(first) = merge(problems) {
+        if let Some(first) = AppError::merge(problems) {
             return Err(first);
         }
         let env = self.env();
@@ -494,24 +505,5 @@ impl App {
             definition: Some(def.clone()),
         };
         Ok((agent, resolution))
-    }
-}
-
-/// One error for every problem found: located diagnostics together, else the first.
-fn merge(problems: Vec<AppError>) -> Option<AppError> {
-    let mut located = Vec::new();
-    let mut other = None;
-    for problem in problems {
-        match problem {
-            AppError::Located(diagnostics) => located.extend(diagnostics),
-            problem => {
-                other.get_or_insert(problem);
-            }
-        }
-    }
-    if located.is_empty() {
-        other
-    } else {
-        Some(AppError::Located(located))
     }
 }

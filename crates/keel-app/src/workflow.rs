@@ -237,6 +237,15 @@ impl StepBuilder<'_> {
             }
             _ => {}
         }
+        if crate::a2a_agent::refers_to_a2a(self.app, Some(&agent)) {
+            // A remote A2A agent: the workflow's model settings are not its own.
+            let request = AgentRequest {
+                agent: Some(agent),
+                ..AgentRequest::default()
+            };
+            let (remote, _) = self.app.a2a_agent(&request, Value::Object(recipe))?;
+            return Ok(Arc::new(remote));
+        }
         let request = AgentRequest {
             agent: Some(agent),
             model: self.request.model.clone(),

@@ -68,6 +68,7 @@ const KEYS: &[(&str, Check)] = &[
     ("models.<alias>.retry", models_retry),
     ("models.<alias>.call_timeout_ms", models_call_timeout),
     ("agents.<name>.file", agents_file),
+    ("agents.<name>.a2a", agents_a2a),
     ("agents.<name>.kind", agents_kind),
     ("agents.<name>.name", agents_name),
     ("agents.<name>.description", agents_description),
@@ -187,6 +188,10 @@ const KEYS: &[(&str, Check)] = &[
     ),
     ("server.limits.tokens_per_day", server_limits_tokens_per_day),
     ("server.tenants.<tenant>", server_tenants),
+    (
+        "server.tenants.<tenant>.credentials.<NAME>",
+        server_tenants_credentials,
+    ),
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -959,7 +964,7 @@ fn agents_agents_as_tools() {
         ],
     );
     assert_eq!(outcome.final_text.as_deref(), Some("a says: found"));
-    let tool = agent.entry().tools().get("r").unwrap();
+    let tool = agent.entry().unwrap().tools().get("r").unwrap();
     assert_eq!(tool.spec().description, "Researches.");
     assert!(outcome.tool_calls.iter().all(|c| c.ok));
 }
@@ -1305,6 +1310,44 @@ fn a2a_auth() {
     );
     let output = a2a_call(&toml, "helper", "hi", &[("HELPER_TOKEN", "t0ken")]).unwrap();
     assert_eq!(output["reply"], "echo: hi");
+}
+
+/// `[agents.<name>] a2a`: the agent is the remote A2A agent — a run sends the user's
+/// message to it and its reply is the run's answer (no model of ours is called).
+fn agents_a2a() {
+    block_on(async {
+        let (url, _backend) = keel_a2a::testing::serve_echo().await.unwrap();
+        let toml = format!(
+            "{}[agents.remote]\na2a = \"helper\"\n",
+            A2A_AGENT.replace("ECHO", &url)
+        );
+        let app = app(&toml);
+        let built = keel_app::recipe::Recipe {
+            agent_name: Some("remote".into()),
+            ..keel_app::recipe::Recipe::default()
+        }
+        .build_agent(&app, None)
+        .await
+        .unwrap();
+        assert_eq!(built.agent.model_id(), "a2a:helper");
+        let store = Arc::new(MemoryStore::new());
+        let context = app.run_context(store, None, built.approve);
+        let mut thread = Thread::new();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(60),
+            keel_runtime::Agent::run(
+                &built.agent,
+                vec![Message::user("hi")],
+                &mut thread,
+                &context,
+            ),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(outcome.end_state(), Some(EndState::Done), "{outcome:?}");
+        assert_eq!(outcome.final_text.as_deref(), Some("echo: hi"));
+    });
 }
 
 fn a2a_timeout() {
@@ -2318,6 +2361,28 @@ fn server_limits_tokens_per_day() {
     assert_eq!(server("").limits_for("t").tokens_per_day, 0);
     let set = server("[server.limits]\ntokens_per_day = 100000");
     assert_eq!(set.limits_for("t").tokens_per_day, 100_000);
+}
+
+/// The effect on runs (each tenant's secret, never the server's) is shown over real
+/// sockets by keel-server's `credentials` tests; here: what is kept and what is refused.
+fn server_tenants_credentials() {
+    let set = server(
+        "[server.tenants.acme.credentials]\nCRM_TOKEN = { env = \"ACME_CRM_TOKEN\", tools = [\"crm\"] }\n",
+    );
+    let entry = &set.tenants["acme"].credentials["CRM_TOKEN"];
+    assert_eq!(entry.env.as_deref(), Some("ACME_CRM_TOKEN"));
+    assert!(entry.allows("crm") && !entry.allows("other"));
+    let pasted = server_problem("[server.tenants.acme.credentials]\nCRM_TOKEN = \"tok-123456\"\n");
+    assert!(pasted.contains("secrets never go in keel.toml"), "{pasted}");
+    assert!(!pasted.contains("tok-123456"), "{pasted}");
+    let provider = server_problem(
+        "[server.tenants.acme.credentials]\nCRM_TOKEN = { env = \"OPENAI_API_KEY\" }\n",
+    );
+    assert!(
+        provider.starts_with("server.tenants.acme.credentials.CRM_TOKEN.env")
+            && provider.contains("model provider `openai`"),
+        "{provider}"
+    );
 }
 
 fn server_tenants() {

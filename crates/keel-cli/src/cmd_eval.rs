@@ -359,6 +359,14 @@ impl EvalRuns<'_> {
             report.attach(&comparison);
             comparison
         });
+        // The saved run remembers what it was compared with (the web UI's comparison).
+        if let (Some((name, run, _)), Some(meta)) = (self.baseline, report.run.as_mut()) {
+            meta.baseline = Some(keel_eval::BaselineRef {
+                name: name.clone(),
+                run_id: run.0,
+                threshold: args.threshold,
+            });
+        }
         let html_options = keel_eval::HtmlOptions {
             trace_url: args.trace_url.clone(),
             subtitle: Some(run_subtitle(model.as_deref(), trials)),

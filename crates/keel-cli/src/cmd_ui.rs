@@ -2,7 +2,8 @@
 //! trace files (`keel-ui`). Local use: no authentication, so it binds loopback only unless
 //! `--allow-remote` says otherwise. Paused runs approved in the browser continue in this
 //! process, like `keel approve` (scripted runs with their script, at the step they
-//! reached).
+//! reached); answers to the agent's questions continue or start runs here too, like `keel
+//! reply`. The eval pages show the runs `keel eval run` saved in the same store.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,7 +54,8 @@ pub async fn run(args: UiArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::usage(format!("--bind {}: {e}", args.bind)))?
         .collect();
     check_bind(&addrs, args.allow_remote, &args.bind)?;
-    let store = args.store.events().await?;
+    let opened = args.store.open().await?;
+    let store = opened.events.clone();
     let config = crate::config::get();
     let redactor = match Redactor::from_config(&config.telemetry.redaction) {
         Ok(redactor) if redactor.is_enabled() => redactor,
@@ -78,7 +80,8 @@ pub async fn run(args: UiArgs) -> Result<u8, CliError> {
     }
     let ui = Ui::new(RunSource::new(store, redactor))
         .with_resumer(Arc::new(resumer))
-        .with_trace_dir(trace_dir);
+        .with_trace_dir(trace_dir)
+        .with_eval_results(opened.eval_results);
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.bind)))?;

@@ -1,6 +1,7 @@
 //! How `keel` shows a run: live text as events happen, or one JSON object at the end.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use keel_core::{Event, EventKind, StreamEvent, ToolResultKind};
 use keel_runtime::RunObserver;
@@ -29,6 +30,10 @@ impl OutputFormat {
 /// Prints a run live: answer text to stdout as it streams, tool activity to stderr.
 #[derive(Debug, Default)]
 pub struct TextPrinter;
+
+/// Whether the last text delta printed left stdout in the middle of a line (answers of
+/// custom and remote agents end with an `agent_message`, which ends that line).
+static STDOUT_MID_LINE: AtomicBool = AtomicBool::new(false);
 
 impl RunObserver for TextPrinter {
     fn on_event(&self, event: &Event) {
@@ -82,7 +87,14 @@ impl RunObserver for TextPrinter {
             EventKind::Notice { message, .. } => {
                 eprintln!("note: {}", crate::redaction::for_stderr(message));
             }
-            EventKind::ModelResponded { message, .. } if !message.text().is_empty() => println!(),
+            EventKind::ModelResponded { message, .. } if !message.text().is_empty() => {
+                STDOUT_MID_LINE.store(false, Ordering::Relaxed);
+                println!()
+            }
+            // A custom or remote agent's answer, streamed as text deltas: end its line.
+            EventKind::AgentMessage { .. } if STDOUT_MID_LINE.swap(false, Ordering::Relaxed) => {
+                println!()
+            }
             EventKind::RunEnded {
                 end_state, reason, ..
             } => match reason {
@@ -95,6 +107,9 @@ impl RunObserver for TextPrinter {
 
     fn on_stream(&self, _thread_id: &str, _run_id: &str, event: &StreamEvent) {
         if let StreamEvent::TextDelta(text) = event {
+            if !text.is_empty() {
+                STDOUT_MID_LINE.store(!text.ends_with('\n'), Ordering::Relaxed);
+            }
             let mut stdout = std::io::stdout().lock();
             let _ = stdout.write_all(text.as_bytes());
             let _ = stdout.flush();

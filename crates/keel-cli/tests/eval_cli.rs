@@ -4,7 +4,8 @@
 //! scenarios makes `keel eval compare` exit 1 naming them and the dimensions that dropped;
 //! a bad suite exits 2 with file:line:col; an unreachable judge makes trials
 //! `judge_error`, never passed; report.html and the comparison's HTML open in headless
-//! Chromium without console errors and show every scenario.
+//! Chromium without console errors and show every scenario; `keel ui` over the store lists
+//! the saved runs and shows the comparison with the baseline.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -132,6 +133,67 @@ fn keel(dir: &Path, args: &[&str]) -> Output {
         .env_remove("KEEL_STORE")
         .env_remove("KEEL_CONFIG");
     output_within(&mut command, EVAL_DEADLINE)
+}
+
+/// `keel ui --bind 127.0.0.1:0` in `dir`, killed when dropped.
+struct KeelUi {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl KeelUi {
+    fn start(dir: &Path) -> KeelUi {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["ui", "--bind", "127.0.0.1:0"])
+            .current_dir(dir)
+            .env("KEEL_TEST_MODE", "1")
+            .env_remove("KEEL_STORE")
+            .env_remove("KEEL_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(rest) = line.strip_prefix("keel ui: serving http://") {
+                    let _ = tx.send(rest.split('/').next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(EVAL_DEADLINE)
+            .expect("keel ui did not say where it serves");
+        KeelUi { child, addr }
+    }
+
+    /// The whole HTTP answer to `GET path`.
+    fn get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
+        stream.set_read_timeout(Some(EVAL_DEADLINE)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+}
+
+impl Drop for KeelUi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn show(output: &Output) -> String {
@@ -506,6 +568,21 @@ fn baselines_live_in_the_store_and_gate_a_worse_run() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     assert_eq!(ids, ["2", "1"], "{runs}");
+
+    // `keel ui` over the same store shows the saved runs and the comparison.
+    let ui = KeelUi::start(path);
+    let list = ui.get("/evals");
+    assert!(list.starts_with("HTTP/1.1 200"), "{list}");
+    for run in ["data-run=\"2\"", "data-run=\"1\"", ">main<"] {
+        assert!(list.contains(run), "{run} not in {list}");
+    }
+    let compared = ui.get("/evals/2/compare");
+    assert!(compared.contains("data-regression=\"true\""), "{compared}");
+    assert!(
+        compared.contains("data-scenario=\"mul\" data-change=\"regressed\""),
+        "{compared}"
+    );
+    drop(ui);
 
     // Mistakes name the fix.
     let missing = keel(path, &["eval", "compare", "2", "nightly"]);

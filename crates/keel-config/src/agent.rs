@@ -35,10 +35,16 @@ pub struct AgentDefinition {
     /// keel.toml only: an agent file (relative to keel.toml) whose keys this table overrides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
-    /// What runs the agent: `tool` (the default, the tool-calling agent) or
-    /// `openai-responses` (the conversation lives on OpenAI's Responses API).
+    /// What runs the agent: `tool` (the default, the tool-calling agent),
+    /// `openai-responses` (the conversation lives on OpenAI's Responses API) or `a2a` (a
+    /// remote agent answers every turn over the Agent2Agent protocol; set by `a2a`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<AgentKind>,
+    /// The remote agent that answers this agent's turns: the `name` of a keel.toml
+    /// `[[a2a.agents]]` entry (its URL, credentials and deadline). Makes the agent
+    /// `kind = "a2a"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<String>,
     /// The agent's name (default: the `[agents.<name>]` name, else `agent`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -119,6 +125,11 @@ pub enum AgentKind {
     /// theirs.
     #[serde(rename = "openai-responses")]
     OpenAiResponses,
+    /// A remote agent reached over the Agent2Agent protocol (`a2a = "<[[a2a.agents]]
+    /// name>"`): each run sends the new message to it — continuing its task when it asked
+    /// for input — and journals its reply.
+    #[serde(rename = "a2a")]
+    A2a,
 }
 
 impl AgentKind {
@@ -127,9 +138,32 @@ impl AgentKind {
         match self {
             Self::Tool => "tool",
             Self::OpenAiResponses => "openai-responses",
+            Self::A2a => "a2a",
         }
     }
 }
+
+/// The keys of an agent definition a remote A2A agent cannot honour: everything about a
+/// model, its tools and its loop (the remote agent has its own).
+pub const A2A_UNSUPPORTED_KEYS: [&str; 17] = [
+    "instructions",
+    "instructions_file",
+    "model",
+    "temperature",
+    "max_output_tokens",
+    "tools",
+    "env",
+    "budget",
+    "planner",
+    "observation",
+    "critic",
+    "context",
+    "approve",
+    "handoffs",
+    "max_handoffs",
+    "agents_as_tools",
+    "call_rules",
+];
 
 /// One entry of an agent's `tools`.
 #[derive(Debug, Clone, PartialEq)]
@@ -376,6 +410,7 @@ impl AgentDefinition {
         AgentDefinition {
             file: None,
             kind: pick(&over.kind, &self.kind),
+            a2a: pick(&over.a2a, &self.a2a),
             name: pick(&over.name, &self.name),
             description: pick(&over.description, &self.description),
             instructions: pick(&over.instructions, &self.instructions),
@@ -403,6 +438,7 @@ impl AgentDefinition {
         let flags = [
             ("file", self.file.is_some()),
             ("kind", self.kind.is_some()),
+            ("a2a", self.a2a.is_some()),
             ("name", self.name.is_some()),
             ("description", self.description.is_some()),
             ("instructions", self.instructions.is_some()),
@@ -427,6 +463,92 @@ impl AgentDefinition {
             .into_iter()
             .filter_map(|(key, set)| set.then_some(key))
             .collect()
+    }
+
+    /// What runs the agent: its `kind`, else `a2a` when it names a remote agent, else the
+    /// tool-calling agent.
+    pub fn agent_kind(&self) -> AgentKind {
+        match (self.kind, &self.a2a) {
+            (Some(kind), _) => kind,
+            (None, Some(_)) => AgentKind::A2a,
+            (None, None) => AgentKind::Tool,
+        }
+    }
+
+    /// What is wrong with this definition as a remote A2A agent (`kind = "a2a"` or `a2a`
+    /// set), given keel.toml's `[a2a]`: as (top-level key, message naming the key — by
+    /// `path`, which turns a key into its full path, e.g. `agents.NAME.a2a` — and the fix).
+    /// Empty for agents of another kind that do not set `a2a`. `keel config check` and the
+    /// application's builder report the same problems.
+    pub fn a2a_problems(
+        &self,
+        a2a: &crate::A2aConfig,
+        path: &dyn Fn(&str) -> String,
+    ) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let declared: Vec<&str> = a2a.agents.iter().map(|a| a.name.as_str()).collect();
+        match (self.kind, &self.a2a) {
+            (Some(kind), Some(_)) if kind != AgentKind::A2a => out.push((
+                "a2a",
+                format!(
+                    "`{}` makes this a remote A2A agent, but `{}` = \"{}\": remove `kind` (or \
+                     set it to \"a2a\"), or remove `a2a`",
+                    path("a2a"),
+                    path("kind"),
+                    kind.as_str()
+                ),
+            )),
+            (Some(AgentKind::A2a), None) => out.push((
+                "kind",
+                format!(
+                    "`{}` = \"a2a\" needs `a2a = \"<name>\"` naming the [[a2a.agents]] entry \
+                     that answers (its url, auth and timeout_ms){}",
+                    path("kind"),
+                    match declared.as_slice() {
+                        [] => "; keel.toml declares none".to_string(),
+                        names => format!("; declared: {}", names.join(", ")),
+                    }
+                ),
+            )),
+            (_, Some(name)) if !declared.contains(&name.as_str()) => {
+                let at = path("a2a");
+                out.push((
+                    "a2a",
+                    match crate::diagnostic::nearest(name, declared.iter().copied()) {
+                        Some(best) => format!(
+                            "`{at}` = \"{name}\" is not the name of an [[a2a.agents]] entry; \
+                             did you mean `{best}`?"
+                        ),
+                        None if declared.is_empty() => format!(
+                            "`{at}` = \"{name}\" is not the name of an [[a2a.agents]] entry, and \
+                             keel.toml declares none: add [[a2a.agents]] with name = \"{name}\" \
+                             and the agent's url"
+                        ),
+                        None => format!(
+                            "`{at}` = \"{name}\" is not the name of an [[a2a.agents]] entry \
+                             (declared: {})",
+                            declared.join(", ")
+                        ),
+                    },
+                ));
+            }
+            _ => {}
+        }
+        if self.agent_kind() == AgentKind::A2a {
+            let set = self.set_keys();
+            for key in A2A_UNSUPPORTED_KEYS.iter().filter(|key| set.contains(key)) {
+                out.push((
+                    key,
+                    format!(
+                        "`{}` is not supported by a remote A2A agent (the remote agent has its \
+                         own model, instructions and tools; Keel only relays its turns): remove \
+                         it, or make this a tool-calling agent without `a2a`",
+                        path(key)
+                    ),
+                ));
+            }
+        }
+        out
     }
 
     /// The declared environment allowlist (empty when unset).

@@ -191,6 +191,11 @@ pub(crate) fn semantic(
             .collect();
         out.push(error(DiagnosticCode::InvalidValue, path, message));
     }
+    // Tenants' credentials naming the server's own secrets.
+    for (path, message) in crate::server::credential_problems(config) {
+        let path = path.into_iter().map(Seg::Key).collect();
+        out.push(error(DiagnosticCode::InvalidValue, path, message));
+    }
     // A2A agents (`a2a.agents.N....`: the index is an array position).
     for (path, message) in config.a2a.problems() {
         let path = path
@@ -202,6 +207,17 @@ pub(crate) fn semantic(
             })
             .collect();
         out.push(error(DiagnosticCode::InvalidValue, path, message));
+    }
+    // Agents answered by a remote A2A agent (`a2a = "<[[a2a.agents]] name>"`).
+    for (name, agent) in &config.agents {
+        let path = |key: &str| format!("agents.{name}.{key}");
+        for (key, message) in agent.a2a_problems(&config.a2a, &path) {
+            out.push(error(
+                DiagnosticCode::InvalidValue,
+                keys(&["agents", name, key]),
+                message,
+            ));
+        }
     }
     // Store.
     if let Some(message) = store_url_problem(&config.store.url) {

@@ -29,7 +29,8 @@ pub mod workflow;
 
 pub use a2a::{A2aAgentConfig, A2aAuthConfig, A2aConfig};
 pub use agent::{
-    AgentDefinition, AgentFile, AgentKind, CriticConfig, RequiredCall, RequiredText, ToolEntry,
+    A2A_UNSUPPORTED_KEYS, AgentDefinition, AgentFile, AgentKind, CriticConfig, RequiredCall,
+    RequiredText, ToolEntry,
 };
 pub use check::{check, check_in, check_str, load_blocking, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
@@ -41,7 +42,10 @@ pub use schema::{
     OutputFormat, PricingOverride, ProviderConfig, ResolvedModel, RetrySettings, StoreConfig,
     ToolsConfig, split_spec,
 };
-pub use server::{Limits, ServerConfig, TenantLimits};
+pub use server::{
+    CredentialRef, Limits, ServerConfig, TenantConfig, TenantLimits, credential_problems,
+    server_secret_vars,
+};
 pub use source::Source;
 pub use workflow::{WorkflowConfig, WorkflowKind};
 

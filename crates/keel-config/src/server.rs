@@ -1,13 +1,17 @@
 //! `[server]`: how `keel serve` serves (address, embedded workers, body size, timeouts,
-//! CORS, which agents clients may run) and the per-tenant limits (`[server.limits]` for
-//! every tenant, `[server.tenants.<tenant>]` over it). Only values live here; the server
-//! (keel-server) enforces them, and [`ServerConfig::problems`] is what `keel config
-//! check` and `keel serve` report about them.
+//! CORS, which agents clients may run), the per-tenant limits (`[server.limits]` for
+//! every tenant, `[server.tenants.<tenant>]` over it) and each tenant's tool credentials
+//! (`[server.tenants.<tenant>.credentials]`: a tool's credential name → the environment
+//! variable or file holding that tenant's secret — never the secret itself). Only values
+//! live here; the server (keel-server) enforces them, and [`ServerConfig::problems`] and
+//! [`credential_problems`] are what `keel config check` and `keel serve` report about them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+
+use crate::schema::{BUILTIN_PROVIDERS, KeelConfig};
 
 /// The default address of `keel serve`.
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
@@ -42,8 +46,9 @@ pub struct ServerConfig {
     pub agents: Vec<String>,
     /// `[server.limits]`: every tenant's limits.
     pub limits: TenantLimits,
-    /// `[server.tenants.<tenant>]`: one tenant's limits over `[server.limits]`.
-    pub tenants: BTreeMap<String, TenantLimits>,
+    /// `[server.tenants.<tenant>]`: one tenant's limits over `[server.limits]`, and its
+    /// tools' credentials.
+    pub tenants: BTreeMap<String, TenantConfig>,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +85,124 @@ pub struct TenantLimits {
     pub tokens_per_day: Option<u64>,
 }
 
+/// `[server.tenants.<tenant>]`: the tenant's limits (unset ones from `[server.limits]`)
+/// and `credentials`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Runs queued or in progress at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_runs: Option<u64>,
+    /// Requests per minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Model tokens (input + output) per UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// `[server.tenants.<tenant>.credentials]`: credential name (the variable a tool's
+    /// `auth` names, e.g. `CRM_TOKEN`) → where this tenant's secret is.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub credentials: BTreeMap<String, CredentialRef>,
+}
+
+impl TenantConfig {
+    /// The limits part.
+    pub fn limits(&self) -> TenantLimits {
+        TenantLimits {
+            concurrent_runs: self.concurrent_runs,
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+}
+
+/// Where one tenant's secret is: `{ env = "VAR" }` (a variable of the server's
+/// environment) or `{ file = "/path" }` (a file, read at each call; relative to
+/// keel.toml's directory), optionally only for some tools (`tools = ["crm_lookup"]`).
+/// A plain string is refused by [`ServerConfig::problems`] — it may be a pasted secret —
+/// and is not kept.
+#[derive(Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CredentialRef {
+    /// The environment variable holding the secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// The file holding the secret (surrounding whitespace is trimmed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Only these tools get it (empty: every tool that asks for this credential name).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
+    /// Written as a plain string (refused; the string itself is dropped when parsed).
+    #[serde(skip)]
+    pub inline: bool,
+}
+
+impl std::fmt::Debug for CredentialRef {
+    /// An `env` that is no variable name may be a pasted secret: it is not shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env = self.env.as_deref().map(|var| {
+            if valid_env_name(var) {
+                var
+            } else {
+                "[not a variable name]"
+            }
+        });
+        f.debug_struct("CredentialRef")
+            .field("env", &env)
+            .field("file", &self.file)
+            .field("tools", &self.tools)
+            .field("inline", &self.inline)
+            .finish()
+    }
+}
+
+impl CredentialRef {
+    /// Whether `tool` may receive this credential.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.tools.is_empty() || self.tools.iter().any(|t| t == tool)
+    }
+}
+
+impl<'de> Deserialize<'de> for CredentialRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            env: Option<String>,
+            file: Option<String>,
+            #[serde(default)]
+            tools: Vec<String>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = CredentialRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table `{ env = \"VAR\" }` or `{ file = \"/path\" }`")
+            }
+            fn visit_str<E: serde::de::Error>(self, _text: &str) -> Result<CredentialRef, E> {
+                // The text may be the secret: only the fact that it was a string is kept.
+                Ok(CredentialRef {
+                    inline: true,
+                    ..CredentialRef::default()
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<CredentialRef, A::Error> {
+                let table = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(CredentialRef {
+                    env: table.env,
+                    file: table.file,
+                    tools: table.tools,
+                    inline: false,
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 /// A tenant's limits, resolved (`0`: unlimited).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -106,7 +229,8 @@ impl ServerConfig {
     pub fn limits_for(&self, tenant: &str) -> Limits {
         let base = Limits::default();
         let all = &self.limits;
-        let own = self.tenants.get(tenant);
+        let own = self.tenants.get(tenant).map(TenantConfig::limits);
+        let own = own.as_ref();
         let pick = |get: fn(&TenantLimits) -> Option<u64>, default: u64| {
             own.and_then(get).or_else(|| get(all)).unwrap_or(default)
         };
@@ -164,7 +288,7 @@ impl ServerConfig {
                 ));
             }
         }
-        for tenant in self.tenants.keys() {
+        for (tenant, settings) in &self.tenants {
             if !valid_tenant(tenant) {
                 out.push((
                     key(&["server", "tenants", tenant]),
@@ -174,9 +298,145 @@ impl ServerConfig {
                     ),
                 ));
             }
+            for (name, entry) in &settings.credentials {
+                out.extend(credential_shape_problems(tenant, name, entry));
+            }
         }
         out
     }
+}
+
+/// What is wrong with `[server.tenants.<tenant>.credentials] <name> = entry` on its own.
+/// Values are never echoed: a misplaced one may be a secret.
+fn credential_shape_problems(
+    tenant: &str,
+    name: &str,
+    entry: &CredentialRef,
+) -> Vec<(Vec<String>, String)> {
+    let shown = format!("server.tenants.{tenant}.credentials.{name}");
+    let at = |extra: &[&str]| {
+        let mut path: Vec<String> = ["server", "tenants", tenant, "credentials", name]
+            .iter()
+            .map(|p| (*p).to_string())
+            .collect();
+        path.extend(extra.iter().map(|p| (*p).to_string()));
+        path
+    };
+    let mut out = Vec::new();
+    if !valid_env_name(name) {
+        out.push((
+            at(&[]),
+            format!(
+                "`{shown}`: a credential name is the variable name a tool's `auth` uses \
+                 (letters, digits and `_`, not starting with a digit), e.g. `CRM_TOKEN`"
+            ),
+        ));
+    }
+    let example = format!(
+        "`{name} = {{ env = \"{}_{name}\" }}` naming the variable that holds {tenant}'s secret, \
+         or `{name} = {{ file = \"/run/secrets/{tenant}/{}\" }}`",
+        tenant.to_ascii_uppercase().replace('-', "_"),
+        name.to_ascii_lowercase()
+    );
+    if entry.inline {
+        out.push((
+            at(&[]),
+            format!("`{shown}` is a string; secrets never go in keel.toml: write {example}"),
+        ));
+        return out;
+    }
+    match (&entry.env, &entry.file) {
+        (None, None) => out.push((
+            at(&[]),
+            format!("`{shown}` needs `env` or `file`: write {example}"),
+        )),
+        (Some(_), Some(_)) => out.push((
+            at(&[]),
+            format!("`{shown}` has both `env` and `file`; keep one"),
+        )),
+        (Some(var), None) if !valid_env_name(var) => out.push((
+            at(&["env"]),
+            format!(
+                "`{shown}.env` is not an environment variable name: name the variable holding \
+                 {tenant}'s secret (letters, digits and `_`, e.g. \"{}_{name}\"), never the \
+                 secret itself",
+                tenant.to_ascii_uppercase().replace('-', "_")
+            ),
+        )),
+        (None, Some(file)) if file.trim().is_empty() => out.push((
+            at(&["file"]),
+            format!("`{shown}.file` is empty: give the path of the file holding {tenant}'s secret"),
+        )),
+        _ => {}
+    }
+    for tool in &entry.tools {
+        if !keel_core::tool::is_snake_case_name(tool) {
+            out.push((
+                at(&["tools"]),
+                format!(
+                    "`{shown}.tools`: {tool:?} is not a tool name (lowercase_snake_case, e.g. \
+                     \"crm_lookup\")"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Every `[server.tenants.<tenant>.credentials]` entry naming a variable that holds one of
+/// the server's own secrets — a model provider's API key (`OPENAI_API_KEY`,
+/// `ANTHROPIC_API_KEY`, `OPENROUTER_API_KEY`, any `providers.<name>.api_key_env`) or the
+/// store URL (`KEEL_STORE`) — as (key path, message): a tool must never receive those.
+pub fn credential_problems(config: &KeelConfig) -> Vec<(Vec<String>, String)> {
+    let reserved = server_secret_vars(config);
+    let mut out = Vec::new();
+    for (tenant, settings) in &config.server.tenants {
+        for (name, entry) in &settings.credentials {
+            let Some(var) = &entry.env else { continue };
+            if let Some((_, what)) = reserved.iter().find(|(v, _)| v == var) {
+                out.push((
+                    ["server", "tenants", tenant, "credentials", name, "env"]
+                        .iter()
+                        .map(|p| (*p).to_string())
+                        .collect(),
+                    format!(
+                        "`server.tenants.{tenant}.credentials.{name}.env` = \"{var}\" is {what}, \
+                         the server's own secret: a tool must never receive it. Put {tenant}'s \
+                         own secret in another variable (e.g. \"{}_{name}\") and name that",
+                        tenant.to_ascii_uppercase().replace('-', "_")
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The variables holding the server's own secrets, with what each is: the API-key
+/// variables of the built-in providers and of every `[providers.<name>]`, and `KEEL_STORE`.
+pub fn server_secret_vars(config: &KeelConfig) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let providers = BUILTIN_PROVIDERS
+        .iter()
+        .map(|p| (*p).to_string())
+        .chain(config.providers.keys().cloned());
+    for provider in providers {
+        if let Some(var) = config.api_key_env(&provider)
+            && !out.iter().any(|(v, _)| *v == var)
+        {
+            out.push((var, format!("the API key of model provider `{provider}`")));
+        }
+    }
+    out.push((
+        "KEEL_STORE".into(),
+        "the store URL (with its password)".into(),
+    ));
+    out
+}
+
+fn valid_env_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// A valid tenant name (the rule of `keel_store::valid_tenant`, which keel-config does not
@@ -216,11 +476,54 @@ mod tests {
     }
 
     #[test]
+    fn tenant_credentials_name_where_the_secret_is_never_the_secret() {
+        let config: ServerConfig = toml::from_str(
+            "[tenants.acme]\nconcurrent_runs = 2\n[tenants.acme.credentials]\n\
+             CRM_TOKEN = { env = \"ACME_CRM_TOKEN\" }\n\
+             CRM_KEY = { file = \"/run/secrets/acme/crm\", tools = [\"crm_lookup\"] }\n",
+        )
+        .unwrap();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        assert_eq!(config.limits_for("acme").concurrent_runs, 2);
+        let acme = &config.tenants["acme"].credentials;
+        assert_eq!(acme["CRM_TOKEN"].env.as_deref(), Some("ACME_CRM_TOKEN"));
+        assert!(acme["CRM_TOKEN"].allows("anything"));
+        assert!(acme["CRM_KEY"].allows("crm_lookup") && !acme["CRM_KEY"].allows("other"));
+
+        let config: ServerConfig = toml::from_str(
+            "[tenants.acme.credentials]\nPASTED = \"sk-live-123456789\"\n\
+             BAD_ENV = { env = \"sk-live 123456789\" }\nNEITHER = {}\n\
+             BOTH = { env = \"A\", file = \"b\" }\n\"bad name\" = { env = \"A\" }\n\
+             TOOLS = { env = \"A\", tools = [\"Bad Tool\"] }\n",
+        )
+        .unwrap();
+        let problems = config.problems();
+        let keys: Vec<String> = problems.iter().map(|(k, _)| k.join(".")).collect();
+        assert_eq!(
+            keys,
+            [
+                "server.tenants.acme.credentials.BAD_ENV.env",
+                "server.tenants.acme.credentials.BOTH",
+                "server.tenants.acme.credentials.NEITHER",
+                "server.tenants.acme.credentials.PASTED",
+                "server.tenants.acme.credentials.TOOLS.tools",
+                "server.tenants.acme.credentials.bad name",
+            ]
+        );
+        let text = format!("{problems:?} {config:?}");
+        assert!(!text.contains("sk-live"), "{text}");
+        assert!(
+            toml::from_str::<ServerConfig>("[tenants.a.credentials]\nX = { envv = \"A\" }\n")
+                .is_err()
+        );
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let config = ServerConfig {
             bind: "localhost".into(),
             cors_origins: vec!["https://a.example/path".into()],
-            tenants: BTreeMap::from([("Acme".into(), TenantLimits::default())]),
+            tenants: BTreeMap::from([("Acme".into(), TenantConfig::default())]),
             lease_ttl_ms: 1,
             ..ServerConfig::default()
         };

@@ -62,6 +62,29 @@ pub fn check_call(
     Ok(())
 }
 
+/// The tools no call could get past the rules right now, whatever its arguments: a rule's
+/// `after` names a tool that has not succeeded in the run at all, or the tool reached its
+/// `max_successes`. `succeeded` lists the tools of the run's successful calls. A model
+/// whose decoding is constrained by a grammar (keel-local) leaves these out of it, so a
+/// small model cannot spend its turns on calls that are bound to be refused.
+pub fn withheld_tools(rules: &[CallRule], succeeded: &[&str]) -> Vec<String> {
+    let mut withheld: Vec<String> = Vec::new();
+    for rule in rules {
+        let waiting = rule
+            .after
+            .iter()
+            .any(|needed| !succeeded.contains(&needed.as_str()));
+        let done = succeeded.iter().filter(|t| **t == rule.tool).count();
+        let spent = rule
+            .max_successes
+            .is_some_and(|max| u32::try_from(done).unwrap_or(u32::MAX) >= max);
+        if (waiting || spent) && !withheld.contains(&rule.tool) {
+            withheld.push(rule.tool.clone());
+        }
+    }
+    withheld
+}
+
 fn check_after(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> Result<(), String> {
     let same = |call: &PastCall<'_>| {
         rule.same
@@ -321,6 +344,35 @@ mod tests {
 
     fn details() -> Value {
         json!({"failing_tests": [{"name": "payments::capture::test_capture_partial_refund"}]})
+    }
+
+    #[test]
+    fn withheld_until_every_read_succeeded_and_again_once_spent() {
+        let rules = [rule()];
+        assert_eq!(withheld_tools(&rules, &[]), ["file_risk_report"]);
+        assert_eq!(
+            withheld_tools(&rules, &["get_release_summary"]),
+            ["file_risk_report"]
+        );
+        assert!(withheld_tools(&rules, &["get_test_details", "get_release_summary"]).is_empty());
+        assert_eq!(
+            withheld_tools(
+                &rules,
+                &[
+                    "get_release_summary",
+                    "get_test_details",
+                    "file_risk_report"
+                ]
+            ),
+            ["file_risk_report"]
+        );
+        // A rule with neither `after` nor a limit withholds nothing.
+        let grounded_only = CallRule {
+            tool: "note".into(),
+            grounded: vec!["/text".into()],
+            ..CallRule::default()
+        };
+        assert!(withheld_tools(&[grounded_only], &[]).is_empty());
     }
 
     #[test]

@@ -140,6 +140,13 @@ pub enum EventKind {
         /// Cost in US dollars, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cost_usd: Option<f64>,
+        /// Time to first token: milliseconds from the start of the call (the same origin
+        /// as `latency_ms`, so retries before the answer count) to the first fragment of
+        /// the answer that was kept — text, a tool call or a provider item; a restarted
+        /// stream starts the count again. Absent when not measured (logs written before
+        /// it was recorded, agents that do not stream).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_token_ms: Option<u64>,
     },
     /// The model call failed for good (after retries).
     ModelFailed {

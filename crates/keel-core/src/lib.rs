@@ -26,12 +26,13 @@ pub mod paging;
 pub mod planner;
 pub mod policy;
 pub mod registry;
+pub mod runs;
 pub mod state;
 pub mod store;
 pub mod tool;
 
 pub use budget::Budget;
-pub use call_rules::{CallRule, PastCall, check_call};
+pub use call_rules::{CallRule, PastCall, check_call, withheld_tools};
 pub use cancel::CancellationToken;
 pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};
 pub use decide::{Action, EndState, decide};
@@ -51,8 +52,8 @@ pub use registry::{RegistryError, ToolRegistry};
 pub use state::RunState;
 pub use store::{AppendDurability, EventStore, MemoryStore, StoreError};
 pub use tool::{
-    ApprovalMode, DynTool, Effect, RetryPolicy, Tool, ToolContext, ToolDefinition, ToolSpec,
-    TypedTool,
+    ApprovalMode, CredentialLookup, CredentialSource, DynTool, Effect, RetryPolicy, Tool,
+    ToolContext, ToolDefinition, ToolSpec, TypedTool,
 };
 
 /// A new unique, time-ordered identifier (UUID v7) with a short prefix such as `thr` or `run`.

@@ -44,6 +44,12 @@ pub struct ModelRequest<'a> {
     pub max_output_tokens: Option<u32>,
     /// A JSON Schema the answer must follow (structured output), when requested.
     pub response_schema: Option<&'a Value>,
+    /// Offered tools the runtime would refuse if called now (call rules whose
+    /// preconditions no call meets yet, or whose limit is spent). They stay in `tools`, so
+    /// the prompt (and a provider's prompt cache) does not change from turn to turn; a
+    /// provider that constrains decoding with a grammar leaves them out of it, and the
+    /// others may ignore this (the runtime refuses such a call with a message either way).
+    pub withheld_tools: &'a [String],
 }
 
 impl<'a> ModelRequest<'a> {
@@ -59,6 +65,7 @@ impl<'a> ModelRequest<'a> {
             top_p: None,
             max_output_tokens: None,
             response_schema: None,
+            withheld_tools: &[],
         }
     }
 }
@@ -164,6 +171,23 @@ pub enum StreamEvent {
     },
     /// Output already streamed is void: the stream starts again from scratch.
     Restart,
+}
+
+impl StreamEvent {
+    /// Whether this fragment is part of the answer itself (text, a tool call or a
+    /// provider item) rather than bookkeeping (usage, cost, stop, retry, restart): the
+    /// first such fragment marks the time to first token.
+    pub fn is_answer_content(&self) -> bool {
+        match self {
+            Self::TextDelta(text) => !text.is_empty(),
+            Self::ToolCallDelta { .. } | Self::ToolCall(_) | Self::ProviderItem { .. } => true,
+            Self::Usage(_)
+            | Self::Cost(_)
+            | Self::Stop { .. }
+            | Self::Retry { .. }
+            | Self::Restart => false,
+        }
+    }
 }
 
 /// A complete answer.

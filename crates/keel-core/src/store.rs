@@ -40,6 +40,9 @@ pub enum StoreError {
     /// The backend failed.
     #[error("store backend error: {0}")]
     Backend(String),
+    /// A query the store cannot answer as asked (see [`crate::runs::RunQuery::validate`]).
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
 }
 
 /// Where a thread stands, derived from its last events.
@@ -213,6 +216,17 @@ pub trait EventStore: Send + Sync {
 
     /// Deletes a thread; returns whether it existed.
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError>;
+
+    /// One page of the runs list: threads with their runs summed up, filtered, sorted and
+    /// paged by the store ([`crate::runs`]). This default folds the log of every thread
+    /// the filters of [`EventStore::list_threads`] let through (right for the memory
+    /// store); the SQL stores answer from an index without reading every log.
+    async fn list_runs(
+        &self,
+        query: &crate::runs::RunQuery,
+    ) -> Result<crate::runs::RunPage, StoreError> {
+        crate::runs::list_runs_by_folding(self, query).await
+    }
 
     /// Copies events `0..=at_seq` of `source` into a new thread `target`, rewriting their
     /// thread id. Fails with a conflict if `target` already has events.

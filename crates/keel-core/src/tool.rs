@@ -383,9 +383,54 @@ pub struct ToolDefinition {
 }
 
 /// Looks up per-tool credentials (API keys, tokens) without putting them in prompts or logs.
+///
+/// `key` is the credential's name as the tool declares it (for keel-tools' HTTP tools and
+/// keel-a2a's tools: the environment variable named in their `auth`). A tool asks
+/// [`lookup`](Self::lookup) first and reads its own default place (its environment) only
+/// when the answer is [`CredentialLookup::Unmanaged`]: a source that decides every
+/// credential of a call (a server answering for one tenant) answers
+/// [`CredentialLookup::Missing`] instead, so nothing falls back to the process's own
+/// secrets.
 pub trait CredentialSource: Send + Sync {
     /// The credential `key` for `tool`, if configured.
     fn credential(&self, tool: &str, key: &str) -> Option<String>;
+
+    /// The credential `key` for `tool`: found, missing (the tool must fail, naming the
+    /// fix, without looking elsewhere), or not this source's to answer (the tool reads its
+    /// usual place). By default: [`credential`](Self::credential), and `Unmanaged` when it
+    /// has none.
+    fn lookup(&self, tool: &str, key: &str) -> CredentialLookup {
+        match self.credential(tool, key) {
+            Some(secret) => CredentialLookup::Found(secret),
+            None => CredentialLookup::Unmanaged,
+        }
+    }
+}
+
+/// What a [`CredentialSource`] answers for one credential. `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum CredentialLookup {
+    /// The secret.
+    Found(String),
+    /// The source decides this call's credentials and has none for it: the call fails
+    /// (`unauthorized`) with `fix`, a sentence naming the setting to add; the tool must
+    /// not read its environment instead.
+    Missing {
+        /// What to configure, e.g. "add `[server.tenants.acme.credentials] CRM_TOKEN = …`".
+        fix: String,
+    },
+    /// Not managed by this source: the tool reads its usual place (its environment).
+    Unmanaged,
+}
+
+impl std::fmt::Debug for CredentialLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Found(_) => f.write_str("Found([redacted])"),
+            Self::Missing { fix } => f.debug_struct("Missing").field("fix", fix).finish(),
+            Self::Unmanaged => f.write_str("Unmanaged"),
+        }
+    }
 }
 
 /// A credential source with nothing in it.
@@ -474,6 +519,12 @@ impl ToolContext {
     /// A credential for `tool`.
     pub fn credential(&self, tool: &str, key: &str) -> Option<String> {
         self.credentials.credential(tool, key)
+    }
+
+    /// What the call's credential source answers for credential `key` of `tool` (see
+    /// [`CredentialSource::lookup`]).
+    pub fn lookup_credential(&self, tool: &str, key: &str) -> CredentialLookup {
+        self.credentials.lookup(tool, key)
     }
 }
 

@@ -187,6 +187,7 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
                     stop_reason: StopReason::EndTurn,
                     response_id: None,
                     cost_usd: None,
+                    first_token_ms: None,
                 });
                 for (call, approval) in calls {
                     sim.push(EventKind::ToolCallRequested {

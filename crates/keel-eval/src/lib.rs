@@ -30,7 +30,8 @@ pub use golden::{
 pub use html::{HtmlOptions, render_html};
 pub use judge::{DEFAULT_JUDGE_CACHE, ModelJudge};
 pub use report::{
-    EvalReport, ReportOptions, ScenarioReport, ScenarioStatus, ScenarioTrials, Trial,
+    BaselineRef, EvalReport, ReportOptions, RunMeta, ScenarioReport, ScenarioStatus,
+    ScenarioTrials, Trial, TrialFacts,
 };
 pub use results::{ResultsError, load_baseline, load_run, save_report};
 pub use runner::{

@@ -2,9 +2,14 @@
 //! `total_scenarios`, `avg_scores` per dimension), `scenarios[]` (`id`, `status`, `scores`,
 //! plus pass rate, 95% interval, pass@k, pass^k and every trial's detail) and
 //! `regression_analysis` (filled by [`EvalReport::attach`] after a baseline comparison).
+//! Beyond the seed's shape, `run` says who ran the suite, when, for how long and at what
+//! cost, and each trial carries its end state, duration, tokens and cost
+//! ([`TrialFacts`]); both are absent from reports saved before they were recorded.
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
+use keel_core::Event;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{Change, Comparison};
@@ -40,6 +45,87 @@ pub struct Trial {
     pub trace_id: String,
     /// Its scores.
     pub score: TrialScore,
+    /// How its run went (end state, duration, tokens, cost).
+    pub facts: TrialFacts,
+}
+
+/// How one trial's run went, read from its thread's events (every field absent when the
+/// thread has none, and in reports saved before they were recorded).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrialFacts {
+    /// Where the run stands: the end state (`done`, `failed`, …), `awaiting_approval`,
+    /// `awaiting_user` or `incomplete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_state: Option<String>,
+    /// From the thread's first event to its last, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Model calls made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_calls: Option<u32>,
+    /// Input plus output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Cost in US dollars, when some model call reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+impl TrialFacts {
+    /// The facts of a trial whose thread holds `events` (folded into `trace`).
+    pub fn from_events(events: &[Event], trace: &crate::trace::RunTrace) -> Self {
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Self::default();
+        };
+        let duration = (last.ts - first.ts).num_milliseconds().max(0);
+        Self {
+            end_state: Some(trace.end.as_str().to_string()),
+            duration_ms: u64::try_from(duration).ok(),
+            model_calls: Some(trace.model_calls),
+            tokens: Some(
+                trace
+                    .usage
+                    .input_tokens
+                    .saturating_add(trace.usage.output_tokens),
+            ),
+            cost_usd: trace.cost_usd,
+        }
+    }
+}
+
+/// Who ran a suite, when, for how long and at what cost (the report's `run`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// The agent evaluated (its name).
+    pub agent: String,
+    /// The model it ran with (`provider:model`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Trials per scenario.
+    pub trials: u32,
+    /// When the first trial started.
+    pub started_at: DateTime<Utc>,
+    /// Wall time from the first trial's start to the last trial's score, in milliseconds.
+    pub duration_ms: u64,
+    /// Input plus output tokens over every trial.
+    pub tokens: u64,
+    /// Cost in US dollars over every trial, when some model call reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The baseline the run was compared with (`keel eval run --baseline`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<BaselineRef>,
+}
+
+/// The baseline a run was compared with, as it stood then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineRef {
+    /// Baseline name.
+    pub name: String,
+    /// The saved eval run it pointed to.
+    pub run_id: i64,
+    /// The regression threshold used.
+    pub threshold: f64,
 }
 
 /// A scenario's trials.
@@ -115,6 +201,9 @@ pub struct TrialReport {
     /// Why the run failed (setup, timeout, store error), when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How its run went.
+    #[serde(flatten)]
+    pub facts: TrialFacts,
 }
 
 /// One scenario in the report.
@@ -168,6 +257,10 @@ pub struct EvalReport {
     pub scenarios: Vec<ScenarioReport>,
     /// Changes against a baseline.
     pub regression_analysis: RegressionAnalysis,
+    /// Who ran it, when, for how long, at what cost (set by the runner; absent in
+    /// reports built otherwise or saved before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunMeta>,
 }
 
 fn mean(values: &[f64]) -> Option<f64> {
@@ -245,6 +338,7 @@ fn scenario_report(s: &ScenarioTrials, options: &ReportOptions) -> ScenarioRepor
                 checks: t.score.checks.clone(),
                 judge_error: t.score.judge_error.clone(),
                 error: t.score.error.clone(),
+                facts: t.facts.clone(),
             })
             .collect(),
     }
@@ -288,6 +382,7 @@ impl EvalReport {
             },
             scenarios,
             regression_analysis: RegressionAnalysis::default(),
+            run: None,
         }
     }
 

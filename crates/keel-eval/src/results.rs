@@ -26,8 +26,10 @@ pub enum ResultsError {
     Serialize(String),
 }
 
-/// The store's record of `report` (evaluated with `model`, when known).
+/// The store's record of `report` (evaluated with `model`, when known; else the model
+/// the report's `run` names).
 pub fn new_run(report: &EvalReport, model: Option<&str>) -> Result<NewEvalRun, ResultsError> {
+    let model = model.or_else(|| report.run.as_ref().and_then(|run| run.model.as_deref()));
     let threads = report
         .scenarios
         .iter()

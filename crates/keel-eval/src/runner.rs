@@ -21,7 +21,7 @@ use keel_core::{CancellationToken, EventStore, Message};
 use keel_runtime::Thread;
 use serde_json::Value;
 
-use crate::report::{EvalReport, ReportOptions, ScenarioTrials, Trial};
+use crate::report::{EvalReport, ReportOptions, RunMeta, ScenarioTrials, Trial, TrialFacts};
 use crate::score::{Judge, TrialStatus, apply_judge, score_scenario};
 use crate::suite::{Scenario, Suite};
 use crate::trace::RunTrace;
@@ -191,7 +191,11 @@ pub async fn run_suite(
         .build_agent(app, None)
         .await
         .map_err(|e| EvalError::Agent(e.to_string()))?;
-    let names: Vec<&str> = built.agent.entry().tools().names().collect();
+    let names: Vec<&str> = built
+        .agent
+        .entry()
+        .map(|entry| entry.tools().names().collect())
+        .unwrap_or_default();
     let problems: Vec<Diagnostic> = suite
         .check_tools(&names)
         .into_iter()
@@ -218,6 +222,8 @@ pub async fn run_suite(
         store,
     };
     let concurrency = usize::try_from(suite.suite.concurrency.max(1)).unwrap_or(1);
+    let started_at = chrono::Utc::now();
+    let clock = std::time::Instant::now();
     let mut done: Vec<(usize, u32, Trial)> = futures::stream::iter(jobs)
         .map(|(s, t)| {
             let runner = &runner;
@@ -247,11 +253,26 @@ pub async fn run_suite(
                 .collect(),
         })
         .collect();
-    Ok(EvalReport::build(
+    let mut report = EvalReport::build(
         &suite.suite.name,
         &ReportOptions::from_suite(suite),
         &scenarios,
-    ))
+    );
+    let facts = || done.iter().map(|(_, _, trial)| &trial.facts);
+    let costs: Vec<f64> = facts().filter_map(|f| f.cost_usd).collect();
+    report.run = Some(RunMeta {
+        agent: keel_runtime::Agent::name(&built.agent).to_string(),
+        model: Some(built.agent.model_id()),
+        trials,
+        started_at,
+        duration_ms: u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX),
+        tokens: facts()
+            .filter_map(|f| f.tokens)
+            .fold(0u64, u64::saturating_add),
+        cost_usd: (!costs.is_empty()).then(|| costs.iter().sum()),
+        baseline: None,
+    });
+    Ok(report)
 }
 
 /// What every trial shares.
@@ -319,6 +340,7 @@ impl TrialRunner<'_> {
         self.progress(scenario, trial, Some(score.status));
         Trial {
             thread_id,
+            facts: TrialFacts::from_events(&events, &trace),
             trace_id: trace.trace_id,
             score,
         }

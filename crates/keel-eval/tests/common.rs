@@ -98,6 +98,7 @@ impl Log {
             },
             response_id: None,
             cost_usd: Some(0.001),
+            first_token_ms: None,
         });
         for (id, name, args) in calls {
             self.push(EventKind::ToolCallRequested {

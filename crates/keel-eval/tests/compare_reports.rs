@@ -33,6 +33,7 @@ fn report(passes: usize) -> EvalReport {
                 thread_id: format!("t{i}"),
                 trace_id: trace.trace_id.clone(),
                 score: score_scenario(&suite.scenarios[0], &trace, &suite.suite.thresholds),
+                facts: keel_eval::TrialFacts::default(),
             }
         })
         .collect();

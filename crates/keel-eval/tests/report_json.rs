@@ -36,6 +36,7 @@ fn trial(suite: &Suite, index: usize, events: &[keel_core::Event], n: usize) -> 
         thread_id: format!("thread-{index}-{n}"),
         trace_id: trace.trace_id.clone(),
         score: score_scenario(&suite.scenarios[index], &trace, &suite.suite.thresholds),
+        facts: keel_eval::TrialFacts::default(),
     }
 }
 

@@ -35,7 +35,7 @@ use futures::stream::BoxStream;
 
 use keel_core::{
     Model, ModelCapabilities, ModelError, ModelErrorKind, ModelRequest, Role, StreamEvent,
-    ToolChoice,
+    ToolChoice, ToolDefinition,
 };
 
 pub use grammar::ToolFormat;
@@ -182,6 +182,7 @@ impl LocalModel {
         static REQUIRED: ToolChoice = ToolChoice::Required;
         static NONE: ToolChoice = ToolChoice::None;
         let mut request = *request;
+        request.tool_choice = choice_past_withheld(&request);
         if !self.eager_tools()
             || request.tools.is_empty()
             || *request.tool_choice != ToolChoice::Auto
@@ -200,9 +201,10 @@ impl LocalModel {
         let request = &self.effective(request);
         let prompt = self.render_prompt(request)?;
         let format = self.tool_format();
+        let allowed = grammar_tools(request);
         let constraint = build_constraint(
             format,
-            request.tools,
+            &allowed,
             request.tool_choice,
             request.response_schema,
             &self.options,
@@ -233,6 +235,52 @@ impl LocalModel {
             ignore_eos: self.options.ignore_eos,
         })
     }
+}
+
+/// The tool choice once the withheld tools ([`ModelRequest::withheld_tools`]) are out of
+/// reach: a forced tool that is withheld becomes "call one of the others" (the critic
+/// asked for a report the rules refuse until the reads are done: the model does the
+/// reads), and a required call with every tool withheld becomes an answer.
+fn choice_past_withheld<'r>(request: &ModelRequest<'r>) -> &'r ToolChoice {
+    static REQUIRED: ToolChoice = ToolChoice::Required;
+    static NONE: ToolChoice = ToolChoice::None;
+    if request.withheld_tools.is_empty() {
+        return request.tool_choice;
+    }
+    let any_allowed = request
+        .tools
+        .iter()
+        .any(|t| !request.withheld_tools.contains(&t.name));
+    match request.tool_choice {
+        ToolChoice::Tool(name) if request.withheld_tools.contains(name) => {
+            if any_allowed {
+                &REQUIRED
+            } else {
+                &NONE
+            }
+        }
+        ToolChoice::Required if !any_allowed => &NONE,
+        other => other,
+    }
+}
+
+/// The tools the grammar lets the model call: the offered ones less the withheld ones.
+/// The prompt still lists every offered tool, so it stays the same from turn to turn and
+/// the prompt cache keeps serving it. When every tool is withheld the choice is `None`
+/// (see [`choice_past_withheld`]) and the full list is kept: the grammar then only needs
+/// it to forbid text that imitates a call.
+fn grammar_tools<'r>(request: &ModelRequest<'r>) -> std::borrow::Cow<'r, [ToolDefinition]> {
+    if request.withheld_tools.is_empty() || *request.tool_choice == ToolChoice::None {
+        return std::borrow::Cow::Borrowed(request.tools);
+    }
+    std::borrow::Cow::Owned(
+        request
+            .tools
+            .iter()
+            .filter(|t| !request.withheld_tools.contains(&t.name))
+            .cloned()
+            .collect(),
+    )
 }
 
 fn model_name(path: &Path) -> String {
@@ -302,5 +350,50 @@ impl Model for LocalModel {
             Ok(prompt) => self.engine.tokenize(&prompt).len() as u64,
             Err(_) => keel_core::model::estimate_request_tokens(request),
         }
+    }
+}
+
+#[cfg(test)]
+mod withheld_tests {
+    use keel_core::{Message, ModelRequest, ToolChoice, ToolDefinition};
+    use serde_json::json;
+
+    use super::{choice_past_withheld, grammar_tools};
+
+    fn tool(name: &str) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    #[test]
+    fn withheld_tools_leave_the_grammar_but_not_the_prompt() {
+        let tools = [tool("read"), tool("file")];
+        let withheld = ["file".to_string()];
+        let messages: [Message; 0] = [];
+        let forced = ToolChoice::Tool("file".into());
+        let mut request = ModelRequest::new(&messages);
+        request.tools = &tools;
+        request.withheld_tools = &withheld;
+        request.tool_choice = &forced;
+        // Forced to a withheld tool: call one of the others instead.
+        assert_eq!(*choice_past_withheld(&request), ToolChoice::Required);
+        request.tool_choice = &ToolChoice::Auto;
+        assert_eq!(*choice_past_withheld(&request), ToolChoice::Auto);
+        let names: Vec<String> = grammar_tools(&request)
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        assert_eq!(names, ["read"]);
+        // Nothing withheld: the request's tools as they are.
+        request.withheld_tools = &[];
+        assert_eq!(grammar_tools(&request).len(), 2);
+        // Every tool withheld: a required call becomes an answer.
+        let all = ["read".to_string(), "file".to_string()];
+        request.withheld_tools = &all;
+        request.tool_choice = &ToolChoice::Required;
+        assert_eq!(*choice_past_withheld(&request), ToolChoice::None);
     }
 }

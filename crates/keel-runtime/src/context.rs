@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use keel_core::tool::CredentialSource;
 use keel_core::{CancellationToken, Event, EventStore, MemoryStore, StreamEvent, ToolCall};
 use tokio::sync::mpsc;
 
@@ -194,6 +195,11 @@ pub struct RunContext {
     /// Where the runs started with this context nest in a trace: set when another run
     /// starts them (an agent called as a tool, a handoff, a workflow step).
     pub parent: Option<SpanParent>,
+    /// Where the run's tools resolve their credentials, over the executor's own source
+    /// (`None`: the executor's, by default none — tools read their environment). A server
+    /// sets the tenant's; runs started with this context (agents called as tools,
+    /// handoffs, workflow steps) inherit it.
+    pub credentials: Option<Arc<dyn CredentialSource>>,
 }
 
 /// The span a run nests under: its runs join `trace_id` and record `span_id` as their
@@ -215,6 +221,7 @@ impl std::fmt::Debug for RunContext {
             .field("tool_approval_modes", &self.tool_approval_modes)
             .field("cancelled", &self.cancel.is_cancelled())
             .field("parent", &self.parent)
+            .field("credentials", &self.credentials.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -238,7 +245,15 @@ impl RunContext {
             user_input: Arc::new(NoUserInput),
             cancel: CancellationToken::new(),
             parent: None,
+            credentials: None,
         }
+    }
+
+    /// Resolves the credentials of the run's tools through `credentials` (see
+    /// [`credentials`](Self::credentials)).
+    pub fn with_credentials(mut self, credentials: Arc<dyn CredentialSource>) -> Self {
+        self.credentials = Some(credentials);
+        self
     }
 
     /// Nests the runs started with this context under `span_id` of trace `trace_id` (see

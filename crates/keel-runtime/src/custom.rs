@@ -75,6 +75,46 @@ impl<'a> RunRecorder<'a> {
         Ok(Self { journal })
     }
 
+    /// [`start`](Self::start), recording `definition` in `run_started` — how the
+    /// application layer rebuilds the agent (its recipe) — so `keel resume`, `reply` and
+    /// workers can continue the thread from its log alone.
+    pub async fn start_with_definition(
+        agent: &str,
+        model: &str,
+        definition: keel_core::AgentDefinition,
+        new_messages: Vec<Message>,
+        thread: &'a mut Thread,
+        context: &'a RunContext,
+    ) -> Result<Self, RunError> {
+        let opening = RunOpening {
+            agent: agent.to_string(),
+            model: model.to_string(),
+            budget: Budget::default(),
+            definition: Some(Box::new(definition)),
+        };
+        let (mut journal, batch) = open_run(thread, context, opening, new_messages).await?;
+        journal.append_batch(batch).await?;
+        Ok(Self { journal })
+    }
+
+    /// Continues the run in progress on `thread` (interrupted, or paused and since
+    /// answered): later events join that run. Fails, appending nothing, when no run is in
+    /// progress.
+    pub async fn resume(thread: &'a mut Thread, context: &'a RunContext) -> Result<Self, RunError> {
+        thread.reload_if_diverged(context.store.as_ref()).await?;
+        if !thread.state().run_in_progress() {
+            return Err(RunError::NothingToResume(thread.id().to_string()));
+        }
+        Ok(Self {
+            journal: Journal::resume(thread, context),
+        })
+    }
+
+    /// The events of this run so far, in order.
+    pub fn run_events(&self) -> &[keel_core::Event] {
+        self.journal.run_events()
+    }
+
     /// The thread's folded state: the conversation so far ([`RunState::messages`]),
     /// including this run's user messages.
     pub fn state(&self) -> &RunState {
@@ -125,6 +165,33 @@ impl<'a> RunRecorder<'a> {
             message,
         })
         .await
+    }
+
+    /// Appends `events` and `run_ended` atomically (no reader ever sees the events
+    /// without the end) and returns the run's outcome.
+    pub async fn finish_with(
+        mut self,
+        mut events: Vec<(EventKind, String)>,
+        end_state: EndState,
+        reason: Option<String>,
+        final_text: Option<String>,
+    ) -> Result<RunOutcome, RunError> {
+        let span = self.journal.run_span().to_string();
+        events.push((
+            EventKind::RunEnded {
+                end_state,
+                reason,
+                final_text,
+            },
+            span,
+        ));
+        self.journal.append_batch(events).await?;
+        Ok(RunOutcome::from_run_events(
+            self.journal.thread_id(),
+            self.journal.run_id(),
+            self.journal.run_events(),
+            RunStatus::Ended { end_state },
+        ))
     }
 
     /// Ends the run (`run_ended`) and returns its outcome.

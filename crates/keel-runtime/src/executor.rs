@@ -55,6 +55,9 @@ pub struct CallExtras {
     pub spans: HashMap<String, String>,
     /// Lent as [`ToolContext::runtime`].
     pub runtime: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The run's credential source ([`crate::RunContext::credentials`]), used over the
+    /// executor's own.
+    pub credentials: Option<Arc<dyn CredentialSource>>,
 }
 
 impl std::fmt::Debug for CallExtras {
@@ -63,6 +66,7 @@ impl std::fmt::Debug for CallExtras {
             .field("trace_id", &self.trace_id)
             .field("spans", &self.spans)
             .field("runtime", &self.runtime.is_some())
+            .field("credentials", &self.credentials.is_some())
             .finish()
     }
 }
@@ -153,7 +157,8 @@ impl ToolExecutor {
         self
     }
 
-    /// Uses this credential source for every call.
+    /// Uses this credential source for every call (a run's own source,
+    /// [`crate::RunContext::credentials`], takes precedence).
     pub fn with_credentials(mut self, credentials: Arc<dyn CredentialSource>) -> Self {
         self.credentials = credentials;
         self
@@ -322,6 +327,9 @@ impl ToolExecutor {
                 ctx.span_id.clone_from(span);
             }
             ctx.runtime.clone_from(&extras.runtime);
+            if let Some(credentials) = &extras.credentials {
+                ctx.credentials = Arc::clone(credentials);
+            }
         }
         let work = AssertUnwindSafe(compiled.tool.call(args, &ctx)).catch_unwind();
         let mut work = std::pin::pin!(tokio::time::timeout(spec.timeout(), work));

@@ -174,4 +174,21 @@ async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() 
         "{:?}",
         requests[1].tool_result_contents()
     );
+    // The requests say which tool the rules would refuse whatever its arguments: the
+    // report until both reads succeeded, and again once it was filed.
+    let withheld: Vec<bool> = requests
+        .iter()
+        .map(|r| r.withheld_tools == ["file_risk_report"])
+        .collect();
+    assert_eq!(
+        withheld,
+        [true, true, true, false, false, true, true],
+        "{requests:#?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.tools.iter().any(|t| t == "file_risk_report")),
+        "the prompt keeps every tool"
+    );
 }

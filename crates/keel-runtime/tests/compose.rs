@@ -128,6 +128,7 @@ fn tool_context(store: Arc<MemoryStore>, thread: &str, call: &str) -> ToolContex
         trace_id: "0123456789abcdef0123456789abcdef".into(),
         spans: Default::default(),
         runtime: Some(lent),
+        credentials: None,
     };
     ctx.trace_id = extras.trace_id.clone();
     ctx.runtime = extras.runtime.clone();
@@ -328,4 +329,101 @@ async fn resume_after_a_stop_between_handoff_and_takeover_continues_with_the_tar
         .await
         .unwrap_err();
     assert!(matches!(error, keel_runtime::RunError::NoInput));
+}
+
+/// Records what the call's credential source answers for `TOKEN`.
+struct WhoAmI {
+    spec: keel_core::ToolSpec,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl DynTool for WhoAmI {
+    fn spec(&self) -> &keel_core::ToolSpec {
+        &self.spec
+    }
+
+    fn call<'a>(
+        &'a self,
+        _args: serde_json::Value,
+        ctx: &'a ToolContext,
+    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, keel_core::ToolError>> {
+        let answer = match ctx.lookup_credential("whoami", "TOKEN") {
+            keel_core::CredentialLookup::Found(secret) => secret,
+            keel_core::CredentialLookup::Missing { fix } => format!("missing: {fix}"),
+            keel_core::CredentialLookup::Unmanaged => "unmanaged".into(),
+        };
+        self.seen.lock().unwrap().push(answer);
+        Box::pin(async { Ok(json!({"ok": true})) })
+    }
+}
+
+#[tokio::test]
+async fn a_runs_credentials_reach_its_tools_and_the_runs_it_starts() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let whoami = || -> Arc<dyn DynTool> {
+        Arc::new(WhoAmI {
+            spec: keel_core::ToolSpec::new(
+                "whoami",
+                "Says who calls.",
+                "whoami — call it with no arguments.",
+            ),
+            seen: seen.clone(),
+        })
+    };
+    let main = || {
+        let mut tools = ToolRegistry::new();
+        tools.register(whoami()).unwrap();
+        tools
+            .register(Arc::new(AgentTool::new(Arc::new(
+                ToolAgent::builder(
+                    "research",
+                    scripted(vec![
+                        ScriptStep::tool_call("whoami", json!({})),
+                        ScriptStep::text("checked"),
+                    ]),
+                )
+                .description("Checks.")
+                .tools({
+                    let mut t = ToolRegistry::new();
+                    t.register(whoami()).unwrap();
+                    t
+                })
+                .build(),
+            ))))
+            .unwrap();
+        ToolAgent::builder(
+            "main",
+            scripted(vec![
+                ScriptStep::tool_call("whoami", json!({})),
+                ScriptStep::tool_call("research", json!({"task": "check"})),
+                ScriptStep::text("done"),
+            ]),
+        )
+        .tools(tools)
+        .build()
+    };
+    let store = Arc::new(MemoryStore::new());
+    // With a source: the run's tools and its child run's tools get its answer.
+    let source = keel_core::tool::StaticCredentials(
+        [(
+            ("whoami".to_string(), "TOKEN".to_string()),
+            "t-1".to_string(),
+        )]
+        .into(),
+    );
+    let context = RunContext::new(store.clone()).with_credentials(Arc::new(source));
+    let outcome = main()
+        .run(vec![Message::user("go")], &mut Thread::new(), &context)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    assert_eq!(*seen.lock().unwrap(), ["t-1", "t-1"]);
+    // Without: the tools read their own environment, as before.
+    seen.lock().unwrap().clear();
+    let context = RunContext::new(store);
+    main()
+        .run(vec![Message::user("go")], &mut Thread::new(), &context)
+        .await
+        .unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["unmanaged", "unmanaged"]);
 }

@@ -2,9 +2,9 @@
 //! per journaled event with `id:` = its sequence number, text deltas without an id, and a
 //! final `outcome`) and [`wait_settled`] (a non-streaming chat waiting for its run to end
 //! or pause). Both re-read the store when the [`Hub`](crate::hub::Hub) announces an
-//! append to the thread, and at least every poll interval, so runs driven by other
-//! processes are followed too. Every wait is bounded (stream timeout, request timeout,
-//! shutdown, client gone).
+//! append to the thread (each subscribes to its own thread only), and at least every poll
+//! interval, so runs driven by other processes are followed too. Every wait is bounded
+//! (stream timeout, request timeout, shutdown, client gone).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
-use crate::hub::HubMessage;
+use crate::hub::{HubMessage, ThreadSubscription};
 use crate::jobs::submission_of;
 use crate::outcome::{RunPosition, position, run_events, run_json};
 use crate::state::AppState;
@@ -51,16 +51,16 @@ pub struct Follow {
     pub until: Until,
 }
 
-/// The SSE response following `follow`; `hub` is a subscription taken before the run was
-/// queued (so no delta is missed), or `None` to subscribe now.
+/// The SSE response following `follow`; `hub` is a subscription to the thread taken
+/// before the run was queued (so no delta is missed), or `None` to subscribe now.
 pub fn event_stream(
     state: AppState,
     follow: Follow,
-    hub: Option<broadcast::Receiver<HubMessage>>,
+    hub: Option<ThreadSubscription>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = mpsc::channel::<SseEvent>(256);
     // Subscribed before the first read so no announcement falls in between.
-    let hub = hub.unwrap_or_else(|| state.hub.subscribe());
+    let hub = hub.unwrap_or_else(|| state.hub.subscribe_thread(&follow.store_id));
     tokio::spawn(async move {
         state.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
         pump(&state, follow, hub, &tx).await;
@@ -73,7 +73,7 @@ pub fn event_stream(
 }
 
 /// Reads the thread once (bounded); `None` on a store failure or timeout.
-async fn load(state: &AppState, store_id: &str) -> Option<Vec<Event>> {
+pub(crate) async fn load(state: &AppState, store_id: &str) -> Option<Vec<Event>> {
     match tokio::time::timeout(LOAD_TIMEOUT, state.events.load(store_id)).await {
         Ok(Ok(events)) => Some(events),
         Ok(Err(e)) => {
@@ -101,8 +101,8 @@ enum Sent {
 }
 
 impl Cursor {
-    /// Sends the stored events from `next` up to `upto` (every one when `None`): events a
-    /// hub announcement names are sent in announcement order, between the deltas.
+    /// Reads the thread, then sends its stored events from `next` up to `upto` (every one
+    /// when `None`).
     async fn send(
         &mut self,
         state: &AppState,
@@ -112,6 +112,70 @@ impl Cursor {
         let Some(events) = load(state, &self.follow.store_id).await else {
             return Sent::More;
         };
+        self.send_loaded(&events, upto, tx).await
+    }
+
+    /// Sends everything the thread holds after what the hub already queued for this
+    /// stream. A read of the store can be newer than the announcements still waiting in
+    /// the subscription — a stream that fell behind its run, or that starts after its run
+    /// ended — and sending the read first would end the stream with the run's `run_ended`
+    /// while text deltas still wait: they would be lost. So the store is read first, then
+    /// the queued announcements are replayed in order (deltas sent, announced events sent
+    /// from the read, re-read when newer), and only then the rest of the read. Every delta
+    /// of an answer is announced before the answer's `model_responded` is stored, so the
+    /// deltas of every answer the read holds are in the subscription by then.
+    async fn catch_up(
+        &mut self,
+        state: &AppState,
+        hub: &mut ThreadSubscription,
+        tx: &mpsc::Sender<SseEvent>,
+    ) -> Sent {
+        let Some(mut events) = load(state, &self.follow.store_id).await else {
+            return Sent::More;
+        };
+        loop {
+            match hub.receiver().try_recv() {
+                Ok(HubMessage::Appended(thread, seq)) if *thread == *self.follow.store_id => {
+                    if seq < self.next {
+                        continue;
+                    }
+                    if events.last().is_none_or(|last| last.seq < seq) {
+                        match load(state, &self.follow.store_id).await {
+                            Some(newer) => events = newer,
+                            None => return Sent::More,
+                        }
+                    }
+                    if self.send_loaded(&events, Some(seq), tx).await == Sent::Done {
+                        return Sent::Done;
+                    }
+                }
+                Ok(HubMessage::Delta {
+                    thread,
+                    run_id,
+                    text,
+                }) if *thread == *self.follow.store_id => {
+                    if send_delta(tx, &run_id, &text).await.is_err() {
+                        return Sent::Done;
+                    }
+                }
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => break,
+            }
+        }
+        self.send_loaded(&events, None, tx).await
+    }
+
+    /// Sends the stored events of `events` from `next` up to `upto` (every one when
+    /// `None`): events a hub announcement names are sent in announcement order, between
+    /// the deltas.
+    async fn send_loaded(
+        &mut self,
+        events: &[Event],
+        upto: Option<u64>,
+        tx: &mpsc::Sender<SseEvent>,
+    ) -> Sent {
         let start = self.next;
         for event in events
             .iter()
@@ -141,7 +205,7 @@ impl Cursor {
                     let run = run_json(
                         &self.follow.client_id,
                         &event.run_id,
-                        &run_events(&events, &event.run_id),
+                        &run_events(events, &event.run_id),
                     );
                     let _ = tx
                         .send(SseEvent::default().event("outcome").data(run.to_string()))
@@ -162,11 +226,26 @@ impl Cursor {
     }
 }
 
+/// Sends a text delta (no id: deltas are not stored).
+async fn send_delta(
+    tx: &mpsc::Sender<SseEvent>,
+    run_id: &str,
+    text: &str,
+) -> Result<(), mpsc::error::SendError<SseEvent>> {
+    let data = json!({"run_id": run_id, "text": text});
+    tx.send(
+        SseEvent::default()
+            .event("text_delta")
+            .data(data.to_string()),
+    )
+    .await
+}
+
 /// Sends events until `follow.until`, the deadline, shutdown or the client leaving.
 async fn pump(
     state: &AppState,
     follow: Follow,
-    mut hub: broadcast::Receiver<HubMessage>,
+    mut hub: ThreadSubscription,
     tx: &mpsc::Sender<SseEvent>,
 ) {
     let deadline = Instant::now() + state.stream_timeout();
@@ -175,7 +254,7 @@ async fn pump(
         follow,
         own_run: None,
     };
-    if cursor.send(state, None, tx).await == Sent::Done {
+    if cursor.catch_up(state, &mut hub, tx).await == Sent::Done {
         return;
     }
     // One timer for the whole stream: other threads' announcements do not postpone it.
@@ -193,22 +272,22 @@ async fn pump(
                 Ok(HubMessage::Delta { thread, run_id, text })
                     if *thread == *cursor.follow.store_id =>
                 {
-                    let data = json!({"run_id": &*run_id, "text": &*text});
-                    let sse = SseEvent::default().event("text_delta").data(data.to_string());
-                    if tx.send(sse).await.is_err() {
+                    if send_delta(tx, &run_id, &text).await.is_err() {
                         return;
                     }
                     continue;
                 }
                 Ok(_) => continue,
-                Err(broadcast::error::RecvError::Lagged(_)) => cursor.send(state, None, tx).await,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    cursor.catch_up(state, &mut hub, tx).await
+                }
                 Err(broadcast::error::RecvError::Closed) => {
                     tokio::time::sleep(state.poll).await;
                     cursor.send(state, None, tx).await
                 }
             },
             // Runs driven by other processes are announced by nobody: poll.
-            _ = poll.tick() => cursor.send(state, None, tx).await,
+            _ = poll.tick() => cursor.catch_up(state, &mut hub, tx).await,
             () = tx.closed() => return,
             () = state.shutdown.cancelled() => return,
             () = tokio::time::sleep_until(deadline) => return,
@@ -238,7 +317,7 @@ pub async fn wait_settled(
     timeout: Duration,
 ) -> Settled {
     let deadline = Instant::now() + timeout;
-    let mut hub = state.hub.subscribe();
+    let mut hub = state.hub.subscribe_thread(store_id);
     let mut own_run: Option<String> = None;
     loop {
         if let Some(events) = load(state, store_id).await {
@@ -255,7 +334,7 @@ pub async fn wait_settled(
                 }
             }
         }
-        let wake = wait_for_append(&mut hub, store_id, state.poll);
+        let wake = wait_for_append(hub.receiver(), store_id, state.poll);
         tokio::select! {
             () = wake => {}
             () = tokio::time::sleep_until(deadline) => return Settled::Pending(own_run),
@@ -265,7 +344,7 @@ pub async fn wait_settled(
 }
 
 /// Resolves on an append to `store_id` announced by the hub, or after `poll`.
-async fn wait_for_append(
+pub(crate) async fn wait_for_append(
     hub: &mut broadcast::Receiver<HubMessage>,
     store_id: &str,
     poll: Duration,

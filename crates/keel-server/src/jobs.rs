@@ -4,7 +4,8 @@
 //! [`enqueue_continue`] queues the continuation of a paused run under the run's own
 //! submission id, so whichever worker leases it resumes that run. [`ServerJobs`] is how
 //! the server's embedded workers build agents: through keel-app's [`Recipe`], exactly as
-//! the CLI does, plus the [`HubObserver`] and the cross-process cancel check.
+//! the CLI does, plus the [`HubObserver`] and the cross-process cancel check; each run's
+//! tools get the credentials of the thread's tenant ([`crate::credentials`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,12 @@ use async_trait::async_trait;
 use keel_app::App;
 use keel_app::recipe::Recipe;
 use keel_app::worker::{JobAgents, JobPayload, JobStart};
+use keel_core::tool::CredentialSource;
 use keel_core::{CancellationToken, Event, EventStore, new_id};
 use keel_runtime::{Agent, RunContext, Thread};
 use keel_store::{JobId, RunQueue, ServingStore};
 
+use crate::credentials::Credentials;
 use crate::hub::{Hub, HubObserver};
 use crate::limits::Usage;
 
@@ -49,7 +52,17 @@ pub async fn enqueue_new(
     recipe: Recipe,
     message: String,
 ) -> Result<Queued, String> {
-    let submission = new_id("sub");
+    enqueue_new_as(queue, thread, recipe, message, new_id("sub")).await
+}
+
+/// [`enqueue_new`] with the submission id the run records (unique per run).
+pub async fn enqueue_new_as(
+    queue: &dyn RunQueue,
+    thread: &Thread,
+    recipe: Recipe,
+    message: String,
+    submission: String,
+) -> Result<Queued, String> {
     let base_seq = thread.state().next_seq();
     let payload = JobPayload {
         agent: recipe,
@@ -135,6 +148,8 @@ pub struct ServerJobs {
     pub serving: Arc<dyn ServingStore>,
     /// More observers for every run (telemetry).
     pub observers: Vec<Arc<dyn keel_runtime::RunObserver>>,
+    /// The tenants' tool credentials.
+    pub credentials: Credentials,
 }
 
 impl std::fmt::Debug for ServerJobs {
@@ -149,6 +164,11 @@ impl JobAgents for ServerJobs {
 
     fn recorded(&self, run_events: &[Event]) -> Result<Option<Recipe>, String> {
         Recipe::recorded(run_events).map_err(|e| e.to_string())
+    }
+
+    /// The thread's tenant's credentials, and nothing else: never the server's environment.
+    fn credentials(&self, thread_id: &str) -> Option<Arc<dyn CredentialSource>> {
+        Some(Arc::new(self.credentials.for_thread(thread_id)))
     }
 
     async fn build(

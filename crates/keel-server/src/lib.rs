@@ -15,10 +15,14 @@
 //! (keys on requests, the rate limit), [`keys`] (creating and checking keys), [`tenancy`]
 //! (thread ids per tenant), [`limits`], [`jobs`] (queueing and the workers' agents),
 //! [`follow`] (SSE and waits), [`hub`] (in-process fan-out), [`outcome`] (run JSON),
-//! [`metrics`], [`error`].
+//! [`metrics`], [`error`], [`a2a`] (the A2A agent cards and JSON-RPC over threads and
+//! runs), [`ui`] (the web UI under `/ui`: sessions from API keys, a tenant's scope),
+//! [`credentials`] (each tenant's tool credentials, never the server's own).
 
+pub mod a2a;
 pub mod api;
 pub mod auth;
+pub mod credentials;
 pub mod error;
 pub mod follow;
 pub mod hub;
@@ -30,6 +34,7 @@ pub mod outcome;
 pub mod server;
 pub mod state;
 pub mod tenancy;
+pub mod ui;
 
 pub use error::ApiError;
 pub use server::{ServeReport, Server, ServerError};

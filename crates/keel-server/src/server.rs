@@ -85,10 +85,24 @@ impl Server {
         store: &OpenedStore,
         config: ServerConfig,
     ) -> Result<Self, ServerError> {
-        let problems: Vec<String> = config.problems().into_iter().map(|(_, m)| m).collect();
+        let mut problems: Vec<String> = config.problems().into_iter().map(|(_, m)| m).collect();
+        problems.extend(crate::credentials::problems(
+            &config,
+            app.config(),
+            app.env(),
+        ));
         if !problems.is_empty() {
             return Err(ServerError::Config(problems));
         }
+        // Each tenant's tool credentials, read through the application's environment.
+        let credentials = crate::credentials::Credentials::new(
+            &config,
+            Arc::new({
+                let app = app.clone();
+                move |name: &str| app.env()(name)
+            }),
+            &app.loaded().base_dir,
+        );
         let hub = Arc::new(Hub::new());
         let usage = Arc::new(Usage::default());
         let state: AppState = Arc::new(Shared {
@@ -107,6 +121,7 @@ impl Server {
             openapi: OnceLock::new(),
         });
         let jobs = ServerJobs {
+            credentials,
             app,
             hub,
             usage,
@@ -274,6 +289,8 @@ fn build_router(state: &AppState) -> Router {
         .merge(public)
         .route("/openapi.json", get(system::openapi))
         .route("/docs", get(system::docs))
+        .merge(crate::a2a::routes(state))
+        .merge(crate::ui::routes(state))
         .fallback(system::not_found)
         .method_not_allowed_fallback(system::method_not_allowed)
         .layer(from_fn_with_state(state.clone(), auth::count))

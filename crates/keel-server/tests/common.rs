@@ -16,6 +16,24 @@ use serde_json::{Value, json};
 /// Generous: a loaded 2-core machine is slow, and nothing here waits on time.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// Serves `server` on a free loopback port: its base URL, the token that stops it, and
+/// the serving task.
+pub async fn serve_on_loopback(
+    server: Server,
+) -> (String, CancellationToken, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let signal = stop.clone();
+    let task = tokio::spawn(async move {
+        server
+            .serve(listener, async move { signal.cancelled().await })
+            .await
+            .unwrap();
+    });
+    (base, stop, task)
+}
+
 /// Which store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -106,16 +124,7 @@ impl Harness {
         let config = app.config().server.clone();
         let server = Server::new(Arc::new(app), &store, config).unwrap();
         let openapi: Value = serde_json::from_str(&server.openapi_json()).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let stop = CancellationToken::new();
-        let signal = stop.clone();
-        let task = tokio::spawn(async move {
-            server
-                .serve(listener, async move { signal.cancelled().await })
-                .await
-                .unwrap();
-        });
+        let (base, stop, task) = serve_on_loopback(server).await;
         Self {
             base,
             client: reqwest::Client::new(),

@@ -13,6 +13,10 @@
 
 mod common;
 
+mod a2a;
 mod api;
 mod chat;
+mod credentials;
+mod load;
 mod tenancy;
+mod ui;

@@ -16,7 +16,8 @@
 //!   runs together, one transaction (and one fsync when synchronous) per group, each
 //!   append under its own savepoint / subtransaction so every caller gets its own answer
 //!   (SQLite: `sqlite_writer`, a `rusqlite` connection on a dedicated thread that also
-//!   performs fork, delete, purge and queue updates; Postgres: `postgres_writer`, one
+//!   performs fork, delete, purge and queue updates, and that holds a group up to 0.5 ms
+//!   to gather more while runs append concurrently; Postgres: `postgres_writer`, one
 //!   `keel_append_group` call per group). An append returns once its group committed.
 //! - The optimistic-concurrency check (`expected_next_seq` = the thread's event count)
 //!   and a `UNIQUE (thread_id, seq)` constraint are enforced by the database, so
@@ -38,6 +39,10 @@
 //!   unlike `jsonb`, accepts the NUL character), with `thread_id`, `seq`, `type`, `run_id`
 //!   and `ts` copied into indexed columns. Times are stored as integer nanoseconds so a
 //!   summary's times equal its events' times exactly.
+//! - The runs list (`EventStore::list_runs`: filters, sorting, keyset pages) is answered
+//!   from an index of each thread's run statistics and searchable text (`run_index`,
+//!   migration `0007`), which the store brings up to date before each listing from the
+//!   events threads gained since — never on the append path.
 //! - Schemas are embedded migrations (`migrations/sqlite`, `migrations/postgres`) applied
 //!   on open.
 
@@ -46,6 +51,7 @@ mod open;
 mod postgres;
 mod postgres_writer;
 mod rows;
+mod run_index;
 mod sqlite;
 mod sqlite_reader;
 mod sqlite_writer;

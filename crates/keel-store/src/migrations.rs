@@ -29,6 +29,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0004_summary_on_status_change.sql",
     "0005_eval_results.sql",
     "0006_serving.sql",
+    "0007_run_index.sql",
 );
 
 /// `migrations/postgres`, in order.
@@ -39,6 +40,7 @@ pub(crate) const POSTGRES: &[MigrationFile] = migration_files!("postgres":
     "0004_lighter_indexes.sql",
     "0005_eval_results.sql",
     "0006_serving.sql",
+    "0007_run_index.sql",
 );
 
 /// The migrator of one backend's files.

@@ -391,6 +391,13 @@ impl EventStore for PostgresStore {
         rows.iter().map(summary_from_row).collect()
     }
 
+    async fn list_runs(
+        &self,
+        query: &keel_core::runs::RunQuery,
+    ) -> Result<keel_core::runs::RunPage, StoreError> {
+        crate::run_index::postgres::list_runs(self, query).await
+    }
+
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query("DELETE FROM events WHERE thread_id = $1")

@@ -389,6 +389,13 @@ impl EventStore for SqliteStore {
         rows.iter().map(summary_from_row).collect()
     }
 
+    async fn list_runs(
+        &self,
+        query: &keel_core::runs::RunQuery,
+    ) -> Result<keel_core::runs::RunPage, StoreError> {
+        crate::run_index::sqlite::list_runs(self, query).await
+    }
+
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
         let thread = thread_id.to_string();
         self.writer

@@ -191,6 +191,76 @@ async fn two_postgres_pools_never_interleave() {
     }
 }
 
+/// An append that fails inside a group (here on a corrupt log: an event row without its
+/// summary row, so the append's insert hits the primary key) fails alone, as a conflict,
+/// and writes nothing; the appends sent at the same time (in the same groups) are all
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failing_append_in_a_group_fails_alone() {
+    use keel_store::conformance::fixtures::{event, notice};
+    let schema = format!("keel_test_{}", uuid::Uuid::new_v4().simple());
+    let store =
+        PostgresStore::connect_with(PostgresOptions::new(database_url()).schema(schema.clone()))
+            .await
+            .unwrap();
+    sqlx::query(
+        "INSERT INTO events (thread_id, seq, type, run_id, ts, body) \
+         VALUES ('t-corrupt', 0, 'notice', 'r', 0, '{}'::json)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let result = async {
+        for round in 0..5 {
+            let mut calls = Vec::new();
+            for i in 0..24 {
+                let thread = format!("t-good-{round}-{i}");
+                let batch = vec![event(&thread, 0, 1, notice("good", "x"))];
+                let s = store.clone();
+                calls.push(tokio::spawn(
+                    async move { s.append(&thread, 0, &batch).await },
+                ));
+            }
+            let corrupt = vec![event("t-corrupt", 0, 1, notice("bad", "x"))];
+            let s = store.clone();
+            calls.push(tokio::spawn(async move {
+                s.append("t-corrupt", 0, &corrupt).await
+            }));
+            let mut results = Vec::new();
+            for call in calls {
+                results.push(call.await.unwrap());
+            }
+            let (bad, good) = results.split_last().unwrap();
+            assert!(
+                matches!(bad, Err(StoreError::Conflict { .. })),
+                "round {round}: the corrupt thread's append: {bad:?}"
+            );
+            for (i, result) in good.iter().enumerate() {
+                assert!(result.is_ok(), "round {round}, append {i}: {result:?}");
+                let log = store.load(&format!("t-good-{round}-{i}")).await.unwrap();
+                assert_eq!(log.len(), 1, "round {round}, thread {i}");
+            }
+        }
+        let corrupt: Vec<(String,)> =
+            sqlx::query_as("SELECT type FROM events WHERE thread_id = 't-corrupt'")
+                .fetch_all(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(corrupt, vec![("notice".to_string(),)]);
+        let rows: (i64,) =
+            sqlx::query_as("SELECT count(*) FROM threads WHERE thread_id = 't-corrupt'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(rows.0, 0, "the failed append left no summary row");
+    };
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(result)).await;
+    store.drop_schema().await.unwrap();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// 60 jobs, 8 workers spread over the given queue handles: each job leased exactly once.
 async fn shared_queue_exclusive(queues: Vec<Arc<dyn RunQueue>>) {
     let first = queues[0].clone();

@@ -139,6 +139,9 @@ event_cases!(
     invalid_batch_among_valid,
     read_your_writes,
     append_with_sync,
+    list_runs_figures_and_filters,
+    list_runs_sorted_pages,
+    list_runs_follows_the_log,
 );
 
 queue_cases!(
@@ -155,7 +158,7 @@ queue_cases!(
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
-    assert_eq!(conformance::EVENT_CASES.len(), 16);
+    assert_eq!(conformance::EVENT_CASES.len(), 19);
     assert_eq!(conformance::QUEUE_CASES.len(), 8);
 }
 

@@ -191,6 +191,7 @@ impl SpanAssembler {
                 stop_reason,
                 response_id,
                 cost_usd,
+                first_token_ms,
             } => {
                 run.model_calls += 1;
                 run.input_tokens = run.input_tokens.saturating_add(usage.input_tokens);
@@ -238,6 +239,9 @@ impl SpanAssembler {
                     a.insert("keel.cost_usd".into(), AttrValue::Float(*c));
                 }
                 a.insert("keel.latency_ms".into(), int(*latency_ms));
+                if let Some(first) = first_token_ms {
+                    a.insert("keel.time_to_first_token_ms".into(), int(*first));
+                }
                 a.insert(
                     "keel.response.tool_calls".into(),
                     int(message.tool_calls().count() as u64),

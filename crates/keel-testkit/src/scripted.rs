@@ -177,6 +177,8 @@ pub struct RecordedRequest {
     pub tools: Vec<String>,
     /// Tool choice.
     pub tool_choice: ToolChoice,
+    /// The offered tools the runtime said it would refuse now (call rules).
+    pub withheld_tools: Vec<String>,
 }
 
 impl RecordedRequest {
@@ -383,6 +385,7 @@ impl Model for ScriptedModel {
             messages: request.messages.to_vec(),
             tools: request.tools.iter().map(|t| t.name.clone()).collect(),
             tool_choice: request.tool_choice.clone(),
+            withheld_tools: request.withheld_tools.to_vec(),
         };
         let estimated_input = self.estimate_tokens(&request);
         let index = self.next.fetch_add(1, Ordering::SeqCst);

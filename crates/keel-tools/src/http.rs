@@ -14,7 +14,11 @@
 //! ```
 //!
 //! `${VAR}` and `${VAR:-default}` in the URL and header values are resolved from the
-//! environment when the tool is built ([`HttpTool::new`] names any missing variable);
+//! environment when the tool is built ([`HttpTool::new`] names any missing variable).
+//! Secrets that depend on who calls go in `auth` instead (`auth = { bearer_env =
+//! "CRM_TOKEN" }`, `auth = { headers = { "X-Api-Key" = "CRM_KEY" } }`): the variables it
+//! names are resolved at each call, through the call's credential source first (in `keel
+//! serve`, the tenant's own secret; see [`auth`](self::HttpAuth)), else the environment;
 //! `{argument}` placeholders in the URL are filled from the call's arguments at call time
 //! (percent-encoded as one path segment; `.` and `..` are refused). Arguments not used in
 //! the URL go to the JSON body (POST, PUT, PATCH) or the query string (GET, DELETE), unless
@@ -30,12 +34,15 @@
 //! JSON responses are parsed; anything else is returned as text. Every request has a
 //! timeout and honours `ToolContext::cancel`.
 
+mod auth;
 mod errors;
 mod redact;
 pub mod redirect;
 mod response;
 pub mod template;
 
+use auth::AuthHeaders;
+pub use auth::{CallEnv, HttpAuth, process_env};
 use redact::{Secrets, display_url};
 pub use redirect::RedirectPolicy;
 use response::retry_after_ms;
@@ -153,9 +160,15 @@ pub struct HttpToolConfig {
     /// URL template: `${ENV}` / `${ENV:-default}` from the environment, `{argument}` from
     /// the call's arguments.
     pub url: String,
-    /// Request headers; values may reference `${ENV}`.
+    /// Request headers; values may reference `${ENV}` (resolved once, when the tool is
+    /// built: the same for every caller).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Credentials by the names of the variables holding them, resolved at each call
+    /// through the call's credential source first (a server's tenant), else the
+    /// environment: `{ bearer_env = "VAR" }`, `{ headers = { "X-Api-Key" = "VAR" } }`.
+    #[serde(default, skip_serializing_if = "HttpAuth::is_empty")]
+    pub auth: HttpAuth,
     /// JSON Schema of the arguments (an object schema).
     #[serde(default = "default_input_schema")]
     pub input_schema: Value,
@@ -331,6 +344,11 @@ pub struct HttpTool {
     /// (`additionalProperties` true or a schema, or `patternProperties`).
     declared_args: Option<Vec<String>>,
     headers: reqwest::header::HeaderMap,
+    /// `auth`: credential headers resolved at each call.
+    auth: AuthHeaders,
+    /// Where `auth` variables are read when the call's credential source leaves them to
+    /// the tool.
+    call_env: CallEnv,
     redirects: RedirectPolicy,
     /// Header values and URL-template credentials, kept out of error texts.
     secrets: Secrets,
@@ -420,6 +438,7 @@ impl HttpTool {
         if config.timeout_ms == 0 {
             problems.push("timeout_ms: must be greater than 0".into());
         }
+        let auth = AuthHeaders::compile(&config.auth, &config.headers, &mut problems);
         let secrets = Secrets::of_tool(
             header_values.iter().map(|(_, value)| value.as_str()),
             &url_template,
@@ -458,10 +477,20 @@ impl HttpTool {
             body_args: config.body,
             declared_args: declared_args(&config.input_schema),
             headers,
+            auth,
+            call_env: process_env(),
             redirects: config.redirects,
             secrets,
             client,
         })
+    }
+
+    /// Reads the variables of `auth` through `env` (default: the process environment)
+    /// when the call's credential source leaves them to the tool.
+    #[must_use]
+    pub fn with_call_env(mut self, env: CallEnv) -> Self {
+        self.call_env = env;
+        self
     }
 
     /// The URL template with `${ENV}` resolved.
@@ -550,6 +579,7 @@ impl HttpTool {
         &self,
         prepared: Prepared,
         ctx: &ToolContext,
+        call: &CallAuth,
     ) -> Result<reqwest::Response, ToolError> {
         let deadline = tokio::time::Instant::now() + self.spec.timeout();
         let original = prepared.url.clone();
@@ -573,7 +603,9 @@ impl HttpTool {
                     "application/json, text/plain;q=0.9, */*;q=0.5",
                 );
             if own_origin {
-                builder = builder.headers(self.headers.clone());
+                builder = builder
+                    .headers(self.headers.clone())
+                    .headers(call.headers.clone());
             }
             if let Some(body) = &body {
                 builder = builder
@@ -586,7 +618,7 @@ impl HttpTool {
             let response = builder
                 .send()
                 .await
-                .map_err(|error| self.transport_error(error, &url))?;
+                .map_err(|error| self.transport_error(error, &url, &call.secrets))?;
             let location = response
                 .headers()
                 .get(reqwest::header::LOCATION)
@@ -600,7 +632,9 @@ impl HttpTool {
             ) {
                 None => return Ok(response),
                 Some(Ok(hop)) => hop,
-                Some(Err(refusal)) => return Err(self.refused_redirect(&url, &response, refusal)),
+                Some(Err(refusal)) => {
+                    return Err(self.refused_redirect(&url, &response, refusal, &call.secrets));
+                }
             };
             if hop.becomes_get && method != reqwest::Method::GET {
                 method = reqwest::Method::GET;
@@ -621,9 +655,27 @@ impl HttpTool {
         ))
     }
 
+    /// The call's credential headers and every secret to keep out of its texts.
+    fn call_auth(&self, ctx: &ToolContext) -> Result<CallAuth, ToolError> {
+        if self.auth.is_empty() {
+            return Ok(CallAuth {
+                headers: reqwest::header::HeaderMap::new(),
+                secrets: self.secrets.clone(),
+                own: Secrets::default(),
+            });
+        }
+        let resolved = self.auth.resolve(&self.spec.name, ctx, &self.call_env)?;
+        Ok(CallAuth {
+            headers: resolved.headers,
+            secrets: self.secrets.with(resolved.secrets.iter().cloned()),
+            own: Secrets::of_values(resolved.secrets),
+        })
+    }
+
     async fn perform(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let prepared = self.prepare(&args)?;
-        let mut response = self.send(prepared, ctx).await?;
+        let call = self.call_auth(ctx)?;
+        let mut response = self.send(prepared, ctx, &call).await?;
         let name = &self.spec.name;
         let status = response.status();
         let url = response.url().clone();
@@ -633,7 +685,7 @@ impl HttpTool {
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|error| self.transport_error(error, &url))?
+            .map_err(|error| self.transport_error(error, &url, &call.secrets))?
         {
             let room = MAX_BODY_BYTES.saturating_sub(body.len());
             body.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or_default());
@@ -641,6 +693,10 @@ impl HttpTool {
                 cut = true;
                 break;
             }
+        }
+        // A service echoing the call's credentials: they never reach the log or the model.
+        if !call.own.is_empty() && call.own.appear_in(&String::from_utf8_lossy(&body)) {
+            body = call.own.scrub(&String::from_utf8_lossy(&body)).into_bytes();
         }
         let parsed: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
@@ -657,8 +713,22 @@ impl HttpTool {
                 None => Value::String(text),
             });
         }
-        Err(self.status_error(status, &url, &body, cut, parsed, retry_after_ms))
+        let mut error = self.status_error(status, &url, &body, cut, parsed, &call.secrets);
+        if let Some(ms) = retry_after_ms {
+            error = error.with_retry_after_ms(ms);
+        }
+        Err(error)
     }
+}
+
+/// The credentials of one call.
+struct CallAuth {
+    /// `auth`'s headers (sensitive values).
+    headers: reqwest::header::HeaderMap,
+    /// The tool's fixed secrets and the call's.
+    secrets: Secrets,
+    /// The call's own credentials only (scrubbed from successful answers too).
+    own: Secrets,
 }
 
 /// The URL and JSON body of one call, before sending.

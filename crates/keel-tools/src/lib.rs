@@ -24,7 +24,7 @@ use keel_core::{RegistryError, ToolRegistry};
 pub use calculator::Calculator;
 pub use delay::Delay;
 pub use failure_injection::FailureInjection;
-pub use http::{HttpTool, HttpToolConfig, HttpToolError};
+pub use http::{HttpAuth, HttpTool, HttpToolConfig, HttpToolError};
 pub use ping_pong::PingPong;
 
 /// Names of the built-in tools.

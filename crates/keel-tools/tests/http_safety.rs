@@ -434,3 +434,68 @@ async fn json_bodies_are_sent_as_application_json() {
     assert_eq!(out["content_type"], "application/json");
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
+
+/// A tool whose `auth` names `TOKEN` and `API_KEY`, reading them from `env` when the
+/// call's credential source leaves them to it.
+fn auth_tool(url: &str, redirects: &str) -> HttpTool {
+    let env: keel_tools::http::CallEnv = Arc::new(|name: &str| match name {
+        "TOKEN" => Some("env-token-0000".to_string()),
+        "API_KEY" => Some("env-key-0000".to_string()),
+        _ => None,
+    });
+    tool(
+        &format!(
+            r#"
+            name = "fetch"
+            description = "Fetch."
+            usage = "fetch — no arguments."
+            method = "GET"
+            url = "{url}"
+            timeout_ms = 10000
+            redirects = "{redirects}"
+            auth = {{ bearer_env = "TOKEN", headers = {{ X-Api-Key = "API_KEY" }} }}
+            "#
+        ),
+        &[],
+    )
+    .with_call_env(env)
+}
+
+fn ctx_with(credentials: &[(&str, &str)]) -> ToolContext {
+    let mut ctx = ctx();
+    ctx.credentials = Arc::new(keel_core::tool::StaticCredentials(
+        credentials
+            .iter()
+            .map(|(k, v)| (("fetch".to_string(), (*k).to_string()), (*v).to_string()))
+            .collect(),
+    ));
+    ctx
+}
+
+#[tokio::test]
+async fn auth_credentials_come_from_the_call_and_never_leave_the_tools_origin() {
+    // From the call's source (not the environment), echoed back only as `[redacted]`.
+    let (echo, seen) = echo_server().await;
+    let fetch = auth_tool(&format!("http://{echo}/x"), "same_origin");
+    let source = [("TOKEN", "src-token-1111"), ("API_KEY", "src-key-1111")];
+    let out = fetch.call(json!({}), &ctx_with(&source)).await.unwrap();
+    let got = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(got["authorization"], "Bearer src-token-1111");
+    assert_eq!(got["api_key"], "src-key-1111");
+    assert_eq!(out["authorization"], "[redacted]", "{out}");
+    assert_eq!(out["api_key"], "[redacted]", "{out}");
+    // Without a source: the environment, at the call.
+    fetch.call(json!({}), &ctx()).await.unwrap();
+    let got = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(got["authorization"], "Bearer env-token-0000");
+
+    // A redirect to another origin (followed: `any`) carries none of them.
+    let (other, other_seen) = echo_server().await;
+    let (first, _) = redirecting_server(format!("http://{other}/landing"), StatusCode::FOUND).await;
+    let fetch = auth_tool(&format!("http://{first}/hop"), "any");
+    let out = fetch.call(json!({}), &ctx_with(&source)).await.unwrap();
+    assert_eq!(out["path"], "/landing", "{out}");
+    let got = other_seen.lock().unwrap().pop().unwrap();
+    assert_eq!(got["authorization"], Value::Null, "{got}");
+    assert_eq!(got["api_key"], Value::Null, "{got}");
+}

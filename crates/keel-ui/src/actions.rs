@@ -1,8 +1,11 @@
 //! What the pages change: approve or deny a paused call (recorded through
 //! `keel-runtime`'s `Thread::approve` / `deny`, exactly as `keel approve` does, then the run
 //! is continued in the background by a [`Resumer`] — for `keel ui`, [`AppResumer`] over
-//! `keel_app::resume::resume_thread`), and fork a thread from a turn
-//! (`keel_app::threads::fork`). Form posts from another site are refused.
+//! `keel_app::resume::resume_thread`), answer the agent's question (as `keel reply`: a run
+//! still waiting records it with `Thread::answer_user` and continues; after a run that
+//! ended `clarify_needed` the answer starts the thread's next run, [`Resumer::reply`]), and
+//! fork a thread from a turn (`keel_app::threads::fork`). Form posts from another site are
+//! refused.
 
 use std::sync::Arc;
 
@@ -13,8 +16,8 @@ use axum::response::Redirect;
 use keel_app::App;
 use keel_app::recipe::Recipe;
 use keel_app::resume::{self, Latest, Runner};
-use keel_core::{EventStore, Model};
-use keel_runtime::{RunContext, RunObserver, RunStatus, Thread};
+use keel_core::{EventStore, Message, Model};
+use keel_runtime::{RunContext, RunObserver, RunOutcome, RunStatus, Thread};
 
 use crate::error::UiError;
 use crate::{Scope, Ui};
@@ -25,6 +28,33 @@ pub trait Resumer: Send + Sync {
     /// Continues thread `thread_id` of `store` until it ends or pauses again; returns a
     /// line saying how it ended, or why it could not continue.
     async fn resume(&self, store: Arc<dyn EventStore>, thread_id: &str) -> Result<String, String>;
+
+    /// Starts the next run of thread `thread_id` with `message` as the user's message and
+    /// the agent of the thread's last run (`keel reply` after a run ended
+    /// `clarify_needed`); returns a line saying how it went, or why it could not start.
+    /// The default refuses.
+    async fn reply(
+        &self,
+        store: Arc<dyn EventStore>,
+        thread_id: &str,
+        message: &str,
+    ) -> Result<String, String> {
+        let _ = (store, message);
+        Err(format!(
+            "this UI cannot start runs: answer with `keel reply {thread_id} ANSWER`"
+        ))
+    }
+}
+
+/// A line saying how a run stands after it returned.
+fn said(outcome: &RunOutcome) -> String {
+    match &outcome.status {
+        RunStatus::Ended { end_state } => format!("run {} ended {end_state}", outcome.run_id),
+        RunStatus::AwaitingApproval { call_id, tool } => format!(
+            "run {} waits for approval of {tool} ({call_id})",
+            outcome.run_id
+        ),
+    }
 }
 
 /// Supplies the model a resumed run continues with, from the recipe its run recorded and
@@ -133,14 +163,54 @@ impl Resumer for AppResumer {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let outcome = resumed.outcome;
-        Ok(match outcome.status {
-            RunStatus::Ended { end_state } => format!("run {} ended {end_state}", outcome.run_id),
-            RunStatus::AwaitingApproval { call_id, tool } => format!(
-                "run {} waits for approval of {tool} ({call_id})",
-                outcome.run_id
-            ),
-        })
+        Ok(said(&resumed.outcome))
+    }
+
+    async fn reply(
+        &self,
+        store: Arc<dyn EventStore>,
+        thread_id: &str,
+        message: &str,
+    ) -> Result<String, String> {
+        let mut thread = resume::load_existing(store.as_ref(), thread_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let recipe = match resume::recorded_runner(&thread).map_err(|e| e.to_string())? {
+            Runner::Agent(Some(recipe)) => Recipe {
+                submission: None,
+                ..recipe
+            },
+            Runner::Agent(None) => {
+                return Err(format!(
+                    "the last run of thread {thread_id} recorded no agent: answer with                      `keel reply {thread_id} ANSWER` and the agent's flags"
+                ));
+            }
+            Runner::Workflow(_) => {
+                return Err(format!(
+                    "thread {thread_id} belongs to a workflow: answer with `keel reply {thread_id} ANSWER`"
+                ));
+            }
+        };
+        // A new run: a scripted model starts its script from the first step, as `keel reply`.
+        let model = match &self.models {
+            Some(hook) => hook(&recipe, 0)?,
+            None => None,
+        };
+        let app = self.app.get();
+        let built = recipe
+            .build_agent(app, model)
+            .await
+            .map_err(|e| format!("cannot rebuild the agent of thread {thread_id}'s run: {e}"))?;
+        let mut context = app.run_context(store, recipe.approve, built.approve);
+        for observer in &self.observers {
+            context = context.with_observer(observer.clone());
+        }
+        let outcome = built
+            .agent
+            .run(vec![Message::user(message)], &mut thread, &context)
+            .await
+            .map_err(|e| keel_app::worker::run_error(&e))?;
+        Ok(said(&outcome))
     }
 }
 
@@ -215,6 +285,7 @@ async fn decide(
     approve: bool,
 ) -> Result<Redirect, UiError> {
     same_origin(&headers)?;
+    let thread_id = ui.store_id(&thread_id);
     let fields = form(&body);
     let call_id = field(&fields, "call_id")
         .ok_or_else(|| UiError::bad_input("call_id", "missing: which call to decide"))?
@@ -260,7 +331,88 @@ async fn decide(
             )),
         ),
     }
-    Ok(Redirect::to(&ui.href(&format!("/runs/{thread_id}"))))
+    Ok(Redirect::to(&ui.run_href(&thread_id, "")))
+}
+
+/// How long an answer's post waits for the run it continues or starts to show in the log,
+/// so the page it redirects to follows the run live (a worker of `keel serve` may take a
+/// moment to pick the job up; past this the page says the run continues).
+const REPLY_SHOWS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `POST /runs/{thread}/reply` (`answer`): answers the question the thread's latest run
+/// asked. A run still waiting records the answer (`Thread::answer_user`) and continues
+/// through [`Resumer::resume`]; after a run that ended `clarify_needed` the answer starts
+/// the next run ([`Resumer::reply`]), as `keel reply` does.
+pub(crate) async fn reply(
+    State(ui): State<Ui>,
+    Path(url_id): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Redirect, UiError> {
+    same_origin(&headers)?;
+    let thread_id = ui.store_id(&url_id);
+    let fields = form(&body);
+    let answer = field(&fields, "answer")
+        .ok_or_else(|| UiError::bad_input("answer", "missing: type the answer to the question"))?
+        .trim()
+        .to_string();
+    let events = ui.source.load_raw(&thread_id).await?;
+    let question = crate::run_page::pending_question(&events)
+        .ok_or_else(|| UiError::conflict(format!("run {url_id} is not waiting for an answer")))?;
+    let resumer = ui.resumer.clone().ok_or_else(|| {
+        UiError::conflict(format!(
+            "this UI cannot continue runs: answer with `keel reply {url_id} ANSWER`"
+        ))
+    })?;
+    let store = ui.source.store().clone();
+    let before = events.len();
+    if question.in_run {
+        let mut thread = Thread::from_events(&thread_id, events);
+        let context = RunContext::new(store.clone());
+        thread
+            .answer_user(&context, &answer)
+            .await
+            .map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))?;
+    }
+    ui.note(
+        &thread_id,
+        Some(if question.in_run {
+            "answered; the run continues…".to_string()
+        } else {
+            "answered; the thread's next run starts with the answer…".to_string()
+        }),
+    );
+    let id = thread_id.clone();
+    let background = ui.clone();
+    let in_run = question.in_run;
+    let task_store = store.clone();
+    let task = tokio::spawn(async move {
+        let done = if in_run {
+            resumer.resume(task_store, &id).await
+        } else {
+            resumer.reply(task_store, &id, &answer).await
+        };
+        let said = match done {
+            Ok(line) => format!("answered; {line}"),
+            Err(error) => format!(
+                "the answer was not taken up: {error} (answer with `keel reply {id} ANSWER`)"
+            ),
+        };
+        let said = background.source.redact(&said);
+        tracing::info!(thread = %id, "{said}");
+        background.note(&id, Some(said));
+    });
+    // The page this redirects to follows the run live only once the log shows it going.
+    let deadline = tokio::time::Instant::now() + REPLY_SHOWS_WITHIN;
+    while tokio::time::Instant::now() < deadline && !task.is_finished() {
+        match store.load(&thread_id).await {
+            Ok(now) if now.len() > before && !crate::run_page::ended(&now) => break,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(Redirect::to(&ui.run_href(&thread_id, "")))
 }
 
 /// `POST /runs/{thread}/fork` (`at_seq`): a new thread with the log up to `at_seq`.
@@ -271,6 +423,7 @@ pub(crate) async fn fork(
     body: String,
 ) -> Result<Redirect, UiError> {
     same_origin(&headers)?;
+    let thread_id = ui.store_id(&thread_id);
     let fields = form(&body);
     let at_seq: u64 = field(&fields, "at_seq")
         .ok_or_else(|| UiError::bad_input("at_seq", "missing: the last event to copy"))?
@@ -307,5 +460,5 @@ pub(crate) async fn fork(
             "forked from {thread_id} at event {at_seq}; continue it with `keel resume {target}`"
         )),
     );
-    Ok(Redirect::to(&ui.href(&format!("/runs/{target}"))))
+    Ok(Redirect::to(&ui.run_href(&target, "")))
 }

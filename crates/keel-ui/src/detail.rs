@@ -25,13 +25,14 @@ const RECENT_MESSAGES: usize = 12;
 /// `GET /runs/{thread}/spans/{span}`.
 pub(crate) async fn fragment(
     State(ui): State<Ui>,
-    Path((thread_id, span_id)): Path<(String, String)>,
+    Path((url_id, span_id)): Path<(String, String)>,
 ) -> Result<Response, UiError> {
+    let thread_id = ui.store_id(&url_id);
     let events = ui.source.load(&thread_id).await?;
     let timeline = timeline::build(&events, Utc::now());
     let span = timeline
         .span(&span_id)
-        .ok_or_else(|| UiError::not_found(format!("run {thread_id} has no span {span_id}")))?;
+        .ok_or_else(|| UiError::not_found(format!("run {url_id} has no span {span_id}")))?;
     let body = render(&ui, &thread_id, &events, &timeline, span);
     Ok(Html(body.into_string()).into_response())
 }
@@ -195,7 +196,6 @@ fn chat(ui: &Ui, thread_id: &str, events: &[Event], span: &SpanView, run: Vec<&E
                 tr { th { "estimated input tokens" } td { (estimated_input_tokens) } }
                 @if let Some(t) = temperature { tr { th { "temperature" } td { (t) } } }
                 @if let Some(m) = max_tokens { tr { th { "max tokens" } td { (m) } } }
-                tr { th { "time to first token" } td class="muted" { "not recorded in the log" } }
             }
             details class="more messages-sent" {
                 summary { "messages sent (" (sent.len()) ")" }
@@ -214,9 +214,16 @@ fn chat(ui: &Ui, thread_id: &str, events: &[Event], span: &SpanView, run: Vec<&E
             }
         }
         @match answered.map(|e| &e.kind) {
-            Some(EventKind::ModelResponded { message: answer, usage, latency_ms, stop_reason, response_id, cost_usd, .. }) => {
+            Some(EventKind::ModelResponded { message: answer, usage, latency_ms, stop_reason, response_id, cost_usd, first_token_ms, .. }) => {
                 h4 { "Response" }
                 table {
+                    tr class="ttft" {
+                        th { "time to first token" }
+                        @match first_token_ms {
+                            Some(ms) => { td class="ttft-value" data-ms=(ms) { (duration(i64::try_from(*ms).unwrap_or(i64::MAX))) } }
+                            None => { td class="muted" { "not recorded (a log written before Keel recorded it, or an agent that does not stream)" } }
+                        }
+                    }
                     tr { th { "tokens" } td { (usage.input_tokens) " in · " (usage.output_tokens) " out" @if usage.cache_read_tokens > 0 { " · " (usage.cache_read_tokens) " cache read" } } }
                     tr { th { "cost" } td { (cost(*cost_usd)) } }
                     tr { th { "latency" } td { (duration(i64::try_from(*latency_ms).unwrap_or(i64::MAX))) } }
@@ -233,7 +240,7 @@ fn chat(ui: &Ui, thread_id: &str, events: &[Event], span: &SpanView, run: Vec<&E
         }
         @if let Some(req) = requested {
             @if req.seq > 0 {
-                form method="post" class="fork" action=(ui.href(&format!("/runs/{thread_id}/fork"))) {
+                form method="post" class="fork" action=(ui.run_href(thread_id, "/fork")) {
                     input type="hidden" name="at_seq" value=(req.seq - 1);
                     button type="submit" class="fork-button" title="Copy the log up to just before this model call into a new thread (continue it with keel resume)" { "Fork before this call" }
                 }

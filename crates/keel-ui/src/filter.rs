@@ -1,59 +1,16 @@
 //! The runs page's query string: filters, sorting and the page position, parsed strictly
-//! (an unknown or malformed parameter is a 400 naming it) and written back into links.
+//! (an unknown or malformed parameter is a 400 naming it), turned into the store's
+//! [`RunQuery`] and written back into links.
 
 use chrono::{DateTime, Utc};
-use keel_core::store::{ThreadFilter, ThreadStatus, ThreadSummary};
+use keel_core::runs::{MAX_RUN_PAGE, RunCursor, RunQuery, RunSort};
+use keel_core::store::ThreadStatus;
 use keel_core::{Event, EventKind, Part};
 
 use crate::error::UiError;
-use crate::row::RunRow;
 
 /// Rows per page unless `limit` says otherwise.
 pub(crate) const DEFAULT_LIMIT: usize = 25;
-/// The largest `limit`.
-pub(crate) const MAX_LIMIT: usize = 200;
-
-/// A sortable column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum SortKey {
-    /// Last activity (the store's order).
-    #[default]
-    Updated,
-    Started,
-    Duration,
-    Turns,
-    ToolCalls,
-    Tokens,
-    Cost,
-}
-
-impl SortKey {
-    pub(crate) const ALL: [SortKey; 7] = [
-        SortKey::Updated,
-        SortKey::Started,
-        SortKey::Duration,
-        SortKey::Turns,
-        SortKey::ToolCalls,
-        SortKey::Tokens,
-        SortKey::Cost,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Updated => "updated",
-            Self::Started => "started",
-            Self::Duration => "duration",
-            Self::Turns => "turns",
-            Self::ToolCalls => "tool_calls",
-            Self::Tokens => "tokens",
-            Self::Cost => "cost",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == text)
-    }
-}
 
 /// The parsed query of the runs page.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,10 +24,12 @@ pub(crate) struct RunsFilter {
     pub to: Option<DateTime<Utc>>,
     pub to_text: String,
     pub q: Option<String>,
-    pub sort: SortKey,
+    pub sort: RunSort,
     pub descending: bool,
     pub limit: usize,
-    pub skip: usize,
+    /// Where the page starts: the previous page's last row (its thread id as the URL
+    /// names it).
+    pub after: Option<RunCursor>,
     /// `rows`: only the table body (the live refresh of the page).
     pub fragment: Option<String>,
 }
@@ -87,10 +46,10 @@ impl Default for RunsFilter {
             to: None,
             to_text: String::new(),
             q: None,
-            sort: SortKey::Updated,
+            sort: RunSort::Updated,
             descending: true,
             limit: DEFAULT_LIMIT,
-            skip: 0,
+            after: None,
             fragment: None,
         }
     }
@@ -105,6 +64,21 @@ fn parse_time(field: &str, text: &str, now: DateTime<Utc>) -> Result<DateTime<Ut
     keel_app::threads::parse_since(text, now).map_err(|e| UiError::bad_input(field, e))
 }
 
+/// A search field: one line of text.
+fn one_line(field: &str, value: &str) -> Result<Option<String>, UiError> {
+    let value = non_empty(value);
+    if value
+        .as_deref()
+        .is_some_and(|v| v.chars().any(char::is_control))
+    {
+        return Err(UiError::bad_input(
+            field,
+            "contains a line break or another control character: search for one line of text",
+        ));
+    }
+    Ok(value)
+}
+
 impl RunsFilter {
     /// Parses a raw query string (`None`: no query). Empty values count as absent (a
     /// submitted form sends every field).
@@ -113,6 +87,7 @@ impl RunsFilter {
         let Some(query) = query else {
             return Ok(filter);
         };
+        let mut after = None;
         for (key, value) in form_urlencoded::parse(query.as_bytes()) {
             let value = value.as_ref();
             match key.as_ref() {
@@ -127,8 +102,8 @@ impl RunsFilter {
                     filter.state_text = value.trim().to_string();
                 }
                 "agent" => filter.agent = non_empty(value),
-                "model" => filter.model = non_empty(value),
-                "q" => filter.q = non_empty(value),
+                "model" => filter.model = one_line("model", value)?,
+                "q" => filter.q = one_line("q", value)?,
                 "from" => {
                     filter.from = match non_empty(value) {
                         Some(text) => Some(parse_time("from", &text, now)?),
@@ -145,9 +120,12 @@ impl RunsFilter {
                 }
                 "sort" => {
                     if let Some(text) = non_empty(value) {
-                        filter.sort = SortKey::parse(&text).ok_or_else(|| {
-                            let keys: Vec<&str> = SortKey::ALL.iter().map(|k| k.as_str()).collect();
-                            UiError::bad_input("sort", format!("{text:?}: use {}", keys.join(", ")))
+                        filter.sort = RunSort::parse(&text).ok_or_else(|| {
+                            let keys: Vec<&str> = RunSort::ALL.iter().map(|k| k.as_str()).collect();
+                            UiError::bad_input(
+                                "sort",
+                                format!("{text:?}: sort by {}", keys.join(", ")),
+                            )
                         })?;
                     }
                 }
@@ -168,30 +146,33 @@ impl RunsFilter {
                         filter.limit = text
                             .parse::<usize>()
                             .ok()
-                            .filter(|n| (1..=MAX_LIMIT).contains(n))
+                            .filter(|n| (1..=MAX_RUN_PAGE).contains(n))
                             .ok_or_else(|| {
                                 UiError::bad_input(
                                     "limit",
-                                    format!("{text:?}: give a number from 1 to {MAX_LIMIT}"),
+                                    format!("{text:?}: give a number from 1 to {MAX_RUN_PAGE}"),
                                 )
                             })?;
                     }
                 }
-                "skip" => {
-                    if let Some(text) = non_empty(value) {
-                        filter.skip = text.parse::<usize>().map_err(|_| {
-                            UiError::bad_input("skip", format!("{text:?}: give a whole number"))
-                        })?;
-                    }
-                }
+                "after" => after = non_empty(value),
                 "fragment" => filter.fragment = non_empty(value),
                 other => {
                     return Err(UiError::bad_input(
                         other,
-                        "unknown parameter: use state, agent, model, from, to, q, sort, dir, limit or skip",
+                        "unknown parameter: use state, agent, model, from, to, q, sort, dir, limit or after",
                     ));
                 }
             }
+        }
+        if let Some(text) = after {
+            // The position belongs to an order: read it once the order is known.
+            filter.after = Some(RunCursor::decode(filter.sort, &text).map_err(|e| {
+                UiError::bad_input(
+                    "after",
+                    format!("{e} (follow the page links, or leave `after` out for the first page)"),
+                )
+            })?);
         }
         if let (Some(from), Some(to)) = (filter.from, filter.to)
             && from > to
@@ -204,69 +185,39 @@ impl RunsFilter {
         Ok(filter)
     }
 
-    /// What the store filters itself: agent, status and the start of the time range (a
-    /// run active at or after `from`).
-    pub(crate) fn store_filter(&self) -> ThreadFilter {
-        ThreadFilter {
-            agent: self.agent.clone(),
-            updated_since: self.from,
+    /// The store's query: every filter, the order and the page; `store_id` maps the
+    /// cursor's thread id from the URL's form to the store's.
+    pub(crate) fn store_query(
+        &self,
+        thread_prefix: Option<String>,
+        store_id: impl Fn(&str) -> String,
+    ) -> RunQuery {
+        RunQuery {
+            thread_prefix,
             status: self.state,
-            limit: None,
+            agent: self.agent.clone(),
+            model: self.model.clone(),
+            active_since: self.from,
+            started_before: self.to,
+            text: self.q.clone(),
+            sort: self.sort,
+            ascending: !self.descending,
+            after: self.after.as_ref().map(|after| RunCursor {
+                value: after.value,
+                thread_id: store_id(&after.thread_id),
+            }),
+            limit: self.limit,
         }
     }
 
-    /// Whether the page must test threads' logs against filters the store cannot apply.
-    pub(crate) fn needs_scan(&self) -> bool {
-        self.model.is_some() || self.q.is_some() || self.to.is_some()
-    }
-
-    /// The end of the time range: a run started at or before `to`.
-    pub(crate) fn matches_summary(&self, summary: &ThreadSummary) -> bool {
-        self.to.is_none_or(|to| summary.created_at <= to)
-    }
-
-    /// The model (a case-insensitive part of the id) and the text search (user,
-    /// assistant and tool messages, case-insensitive).
-    pub(crate) fn matches_row(&self, row: &RunRow, events: &[Event]) -> bool {
-        if let Some(model) = &self.model
-            && !row
-                .models
-                .iter()
-                .any(|m| m.to_lowercase().contains(&model.to_lowercase()))
-        {
-            return false;
-        }
-        match &self.q {
-            Some(q) => mentions(events, &q.to_lowercase()),
-            None => true,
-        }
-    }
-
-    /// Orders a page's rows (the store's order is last activity, newest first).
-    pub(crate) fn sort_rows(&self, rows: &mut [RunRow]) {
-        let key = |row: &RunRow| -> f64 {
-            match self.sort {
-                SortKey::Updated => row.updated.timestamp_millis() as f64,
-                SortKey::Started => row.started.timestamp_millis() as f64,
-                SortKey::Duration => row.duration_ms as f64,
-                SortKey::Turns => f64::from(row.turns),
-                SortKey::ToolCalls => f64::from(row.tool_calls),
-                SortKey::Tokens => row.tokens as f64,
-                SortKey::Cost => row.cost_usd.unwrap_or(0.0),
-            }
-        };
-        rows.sort_by(|a, b| {
-            let order = key(a).total_cmp(&key(b));
-            if self.descending {
-                order.reverse()
-            } else {
-                order
-            }
-        });
-    }
-
-    /// The query string of this filter with another position and order.
-    pub(crate) fn query(&self, skip: usize, sort: SortKey, descending: bool) -> String {
+    /// The query string of this filter with another position and order (`after`: the
+    /// cursor as the URL names it).
+    pub(crate) fn query(
+        &self,
+        after: Option<&RunCursor>,
+        sort: RunSort,
+        descending: bool,
+    ) -> String {
         let mut out = form_urlencoded::Serializer::new(String::new());
         let pairs = [
             ("state", self.state_text.as_str()),
@@ -281,7 +232,7 @@ impl RunsFilter {
                 out.append_pair(key, value);
             }
         }
-        if sort != SortKey::Updated {
+        if sort != RunSort::Updated {
             out.append_pair("sort", sort.as_str());
         }
         if !descending {
@@ -290,15 +241,17 @@ impl RunsFilter {
         if self.limit != DEFAULT_LIMIT {
             out.append_pair("limit", &self.limit.to_string());
         }
-        if skip > 0 {
-            out.append_pair("skip", &skip.to_string());
+        if let Some(after) = after {
+            out.append_pair("after", &after.encode());
         }
         out.finish()
     }
 }
 
-/// Whether any message of the log contains `needle` (lowercase).
-fn mentions(events: &[Event], needle: &str) -> bool {
+/// Whether any message of the (redacted) log contains `needle` (lowercase): what the
+/// store's text search found, checked again on what the page would show, so a search
+/// never finds a run by a redacted secret.
+pub(crate) fn mentions(events: &[Event], needle: &str) -> bool {
     let hit = |text: &str| text.to_lowercase().contains(needle);
     let message_hit = |message: &keel_core::Message| {
         message.parts.iter().any(|part| match part {
@@ -333,20 +286,32 @@ mod tests {
 
     #[test]
     fn filters_parse_and_round_trip() {
-        let f = parse("state=done&agent=a&q=hello+world&from=2h&sort=cost&dir=asc&limit=10")
-            .unwrap_or_default();
+        let f = parse(
+            "state=done&agent=a&q=hello+world&from=2h&sort=cost&dir=asc&limit=10&after=0.5~thr_1",
+        )
+        .unwrap_or_default();
         assert_eq!(
             f.state,
             Some(ThreadStatus::Ended(keel_core::EndState::Done))
         );
         assert_eq!(f.q.as_deref(), Some("hello world"));
-        assert_eq!(f.sort, SortKey::Cost);
+        assert_eq!(f.sort, RunSort::Cost);
         assert!(!f.descending);
         assert_eq!(f.limit, 10);
-        assert!(f.needs_scan());
-        let again = parse(&f.query(0, f.sort, f.descending)).unwrap_or_default();
+        assert_eq!(
+            f.after.as_ref().map(|a| a.thread_id.as_str()),
+            Some("thr_1")
+        );
+        let again = parse(&f.query(f.after.as_ref(), f.sort, f.descending)).unwrap_or_default();
         assert_eq!(again.state, f.state);
         assert_eq!(again.from_text, "2h");
+        assert_eq!(again.after, f.after);
+        let query = f.store_query(Some("t.".into()), |id| format!("t.{id}"));
+        assert_eq!(
+            query.after.map(|a| a.thread_id),
+            Some("t.thr_1".to_string())
+        );
+        assert!(query.ascending);
         assert_eq!(
             parse("state=&agent=").unwrap_or_default(),
             RunsFilter::default()
@@ -360,9 +325,13 @@ mod tests {
             ("from=yesterday", "`from`"),
             ("limit=0", "`limit`"),
             ("limit=x", "`limit`"),
+            ("limit=201", "`limit`"),
             ("sort=color", "`sort`"),
             ("dir=up", "`dir`"),
-            ("skip=-1", "`skip`"),
+            ("after=x", "`after`"),
+            ("after=1.5~t", "`after`"),
+            ("q=two%0Alines", "`q`"),
+            ("skip=10", "`skip`"),
             ("colour=red", "`colour`"),
             ("from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "`to`"),
         ] {

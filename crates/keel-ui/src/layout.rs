@@ -12,6 +12,7 @@ use crate::Ui;
 pub(crate) enum Nav {
     Runs,
     Dashboard,
+    Evals,
 }
 
 /// A whole page.
@@ -33,6 +34,9 @@ pub(crate) fn page(ui: &Ui, title: &str, nav: Nav, body: Markup) -> Markup {
                     nav {
                         a href=(ui.href("/runs")) class=[(nav == Nav::Runs).then_some("current")] { "Runs" }
                         a href=(ui.href("/dashboard")) class=[(nav == Nav::Dashboard).then_some("current")] { "Dashboard" }
+                        @if ui.evals.is_some() {
+                            a href=(ui.href("/evals")) id="nav-evals" class=[(nav == Nav::Evals).then_some("current")] { "Evals" }
+                        }
                     }
                 }
                 main { (body) }

@@ -1,8 +1,10 @@
 //! Keel's web UI: server-rendered pages over an event store — the runs list (filters,
 //! sorting, pagination, live rows), a run's span waterfall (details on click, live over
-//! server-sent events, approve/deny of a paused call, fork from a turn) and the metrics
-//! dashboard (the figures of `keel stats`, computed by the same
-//! [`keel_telemetry::compute_metrics`], drawn as inline SVG).
+//! server-sent events, approve/deny of a paused call, answers to the agent's questions,
+//! fork from a turn), the metrics dashboard (the figures of `keel stats`, computed by the
+//! same [`keel_telemetry::compute_metrics`], drawn as inline SVG) and the eval pages (the
+//! runs `keel eval run` saved, a run's scenarios × trials grid, its comparison with a
+//! baseline).
 //!
 //! Everything shown passes through a [`keel_telemetry::Redactor`] first, and every value
 //! is HTML-escaped by `maud`. Every asset (one stylesheet, one small script) is compiled
@@ -18,6 +20,7 @@ mod charts;
 mod dashboard;
 mod detail;
 mod error;
+mod eval_pages;
 mod filter;
 mod layout;
 mod live;
@@ -45,9 +48,14 @@ pub struct Ui {
     pub(crate) resumer: Option<Arc<dyn Resumer>>,
     pub(crate) trace_dir: Option<PathBuf>,
     pub(crate) base: String,
+    /// URLs and pages name threads relative to the scope's prefix (see
+    /// [`Ui::with_relative_ids`]).
+    pub(crate) relative_ids: bool,
     /// The last thing an approval, denial or resume said about a thread (shown on its
     /// page): what failed in the background is not lost.
     pub(crate) notes: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    /// Saved `keel eval` runs and baselines (the eval pages; none without it).
+    pub(crate) evals: Option<Arc<dyn keel_store::EvalResultStore>>,
 }
 
 impl std::fmt::Debug for Ui {
@@ -57,6 +65,8 @@ impl std::fmt::Debug for Ui {
             .field("resumer", &self.resumer.is_some())
             .field("trace_dir", &self.trace_dir)
             .field("base", &self.base)
+            .field("relative_ids", &self.relative_ids)
+            .field("evals", &self.evals.is_some())
             .finish()
     }
 }
@@ -70,8 +80,19 @@ impl Ui {
             resumer: None,
             trace_dir: None,
             base: String::new(),
+            relative_ids: false,
             notes: Arc::default(),
+            evals: None,
         }
+    }
+
+    /// The eval pages (`/evals`): runs saved by `keel eval run` in `results` (the same
+    /// database as the store), each run's per-scenario grid and its comparison with a
+    /// baseline. Under a [`Scope`], only eval runs whose every trial thread is inside it
+    /// are shown.
+    pub fn with_eval_results(mut self, results: Arc<dyn keel_store::EvalResultStore>) -> Self {
+        self.evals = Some(results);
+        self
     }
 
     /// Approve and deny buttons continue paused runs through `resumer`.
@@ -93,9 +114,45 @@ impl Ui {
         self
     }
 
+    /// Under a [`Scope::ThreadPrefix`], links, forms and page titles name a thread by its
+    /// id without the prefix (a tenant's own id, e.g. `thr_1` for store thread
+    /// `acme.thr_1`), and a thread named in a URL is looked up under the prefix. Without a
+    /// prefix scope this changes nothing.
+    pub fn with_relative_ids(mut self) -> Self {
+        self.relative_ids = true;
+        self
+    }
+
     /// A link inside the UI.
     pub(crate) fn href(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    fn id_prefix(&self) -> Option<&str> {
+        match self.source.scope() {
+            Scope::ThreadPrefix(prefix) if self.relative_ids => Some(prefix.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The store id of the thread a URL names.
+    pub(crate) fn store_id(&self, url_id: &str) -> String {
+        match self.id_prefix() {
+            Some(prefix) => format!("{prefix}{url_id}"),
+            None => url_id.to_string(),
+        }
+    }
+
+    /// How a store thread id is shown and named in URLs.
+    pub(crate) fn shown_id<'a>(&self, store_id: &'a str) -> &'a str {
+        self.id_prefix()
+            .and_then(|prefix| store_id.strip_prefix(prefix))
+            .unwrap_or(store_id)
+    }
+
+    /// The link to store thread `store_id`'s run page, plus `suffix`.
+    pub(crate) fn run_href(&self, store_id: &str, suffix: &str) -> String {
+        self.href(&format!("/runs/{}{suffix}", self.shown_id(store_id)))
     }
 
     pub(crate) fn note(&self, thread_id: &str, text: Option<String>) {
@@ -137,12 +194,16 @@ pub async fn serve(
 /// | route | what |
 /// | --- | --- |
 /// | `GET /` | redirect to `/runs` |
-/// | `GET /runs` | runs page (`state`, `agent`, `model`, `from`, `to`, `q`, `sort`, `dir`, `limit`, `skip`; `fragment=rows` for the table body only) |
+/// | `GET /runs` | runs page (`state`, `agent`, `model`, `from`, `to`, `q`, `sort`, `dir`, `limit`, `after` — keyset, from the page links; `fragment=rows` for the table body only) |
 /// | `GET /runs/{thread}` | run page: header, waterfall, approval box |
 /// | `GET /runs/{thread}/live?after=N` | server-sent events: the live region re-rendered when the log grows |
 /// | `GET /runs/{thread}/spans/{span}` | one span's details (HTML fragment) |
 /// | `POST /runs/{thread}/approve`, `/deny` | record a decision on the paused call, then continue the run |
 /// | `POST /runs/{thread}/fork` | copy the log up to `at_seq` into a new thread |
+/// | `POST /runs/{thread}/reply` | answer the question the run asked (`answer`), then continue it or start the thread's next run |
+/// | `GET /evals` | saved eval runs (`suite`, `skip`, `limit`); only with [`Ui::with_eval_results`] |
+/// | `GET /evals/{id}` | one eval run: scenarios × trials, checks with their reasons |
+/// | `GET /evals/{id}/compare` | the run against a baseline (`baseline`: a name or run id; `threshold`) |
 /// | `GET /dashboard` | metrics (`agent`, `from`) as inline SVG charts |
 /// | `GET /traces/{trace_id}` | a trace file, redacted again, as text |
 /// | `GET /assets/ui.css`, `/assets/ui.js` | the compiled-in assets |
@@ -156,6 +217,10 @@ pub fn router(ui: Ui) -> Router {
         .route("/runs/{thread}/approve", post(actions::approve))
         .route("/runs/{thread}/deny", post(actions::deny))
         .route("/runs/{thread}/fork", post(actions::fork))
+        .route("/runs/{thread}/reply", post(actions::reply))
+        .route("/evals", get(eval_pages::list))
+        .route("/evals/{id}", get(eval_pages::run))
+        .route("/evals/{id}/compare", get(eval_pages::compare))
         .route("/dashboard", get(dashboard::page))
         .route("/traces/{trace}", get(run_page::trace_file_text))
         .route("/assets/{name}", get(assets::serve))

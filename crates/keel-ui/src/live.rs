@@ -44,6 +44,7 @@ pub(crate) async fn stream(
             other => return Err(UiError::bad_input(other, "unknown parameter: use after")),
         }
     }
+    let thread_id = ui.store_id(&thread_id);
     ui.source.load_raw(&thread_id).await?;
     let start = Follow {
         ui,

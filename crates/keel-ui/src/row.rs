@@ -1,11 +1,13 @@
-//! [`RunRow`]: one line of the runs page, folded from a thread's (redacted) log — the
-//! thread's runs taken together (a thread continued by `keel resume`, `reply` or a handoff
-//! holds several): agent and model of the latest run, start, duration, status, model
-//! calls, tool calls, tokens and cost.
+//! [`RunRow`]: one line of the runs page — a thread's runs taken together (a thread
+//! continued by `keel resume`, `reply` or a handoff holds several): agent and model of the
+//! latest run, start, duration, status, model calls, tool calls, tokens and cost. The
+//! runs page gets them from the store's runs list ([`RunSummary`]); the run page folds
+//! them from the log with the same fold ([`RunStats`]).
 
 use chrono::{DateTime, Utc};
+use keel_core::Event;
+use keel_core::runs::{RunStats, RunSummary};
 use keel_core::store::{ThreadStatus, ThreadSummary};
-use keel_core::{Event, EventKind};
 
 /// One thread on the runs page.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,11 +16,8 @@ pub(crate) struct RunRow {
     pub agent: String,
     /// Model of the latest run.
     pub model: String,
-    /// Every model the thread's runs used (for the model filter).
-    pub models: Vec<String>,
     pub goal: String,
     pub started: DateTime<Utc>,
-    pub updated: DateTime<Utc>,
     pub duration_ms: i64,
     pub status: ThreadStatus,
     pub runs: u32,
@@ -29,78 +28,42 @@ pub(crate) struct RunRow {
     pub tokens: u64,
     /// `None` when no call reported a cost.
     pub cost_usd: Option<f64>,
-    pub trace_id: String,
 }
 
 impl RunRow {
+    /// A row of the store's runs list.
+    pub(crate) fn from_summary(run: RunSummary) -> Self {
+        Self {
+            duration_ms: (run.updated_at - run.created_at).num_milliseconds(),
+            thread_id: run.thread_id,
+            agent: run.agent.unwrap_or_default(),
+            model: run.model.unwrap_or_default(),
+            goal: run
+                .goal
+                .map(|goal| goal.chars().take(120).collect())
+                .unwrap_or_default(),
+            started: run.created_at,
+            status: run.status,
+            runs: run.runs,
+            turns: run.turns,
+            tool_calls: run.tool_calls,
+            tool_errors: run.tool_errors,
+            tokens: run.tokens,
+            cost_usd: run.cost_usd,
+        }
+    }
+
     /// Folds `events` (the thread's whole log) under `summary`.
     pub(crate) fn new(summary: &ThreadSummary, events: &[Event]) -> Self {
-        let mut row = Self {
-            thread_id: summary.thread_id.clone(),
-            agent: summary.agent.clone().unwrap_or_default(),
-            model: String::new(),
-            models: Vec::new(),
-            goal: String::new(),
-            started: summary.created_at,
-            updated: summary.updated_at,
-            duration_ms: (summary.updated_at - summary.created_at).num_milliseconds(),
-            status: summary.status,
-            runs: 0,
-            turns: 0,
-            tool_calls: 0,
-            tool_errors: 0,
-            tokens: 0,
-            cost_usd: None,
-            trace_id: String::new(),
-        };
-        if let (Some(first), Some(last)) = (events.first(), events.last()) {
-            row.started = first.ts;
-            row.updated = last.ts;
-            row.duration_ms = (last.ts - first.ts).num_milliseconds();
+        let mut summary = summary.clone();
+        if let Some(from_log) = ThreadSummary::from_events(&summary.thread_id, events) {
+            summary = ThreadSummary {
+                // The agent of the latest run, as the store lists it.
+                agent: from_log.agent.or(summary.agent),
+                ..from_log
+            };
         }
-        let mut status = ThreadStatus::Running;
-        for event in events {
-            status = ThreadStatus::after(status, &event.kind);
-            match &event.kind {
-                EventKind::RunStarted {
-                    agent, model, goal, ..
-                } => {
-                    row.runs = row.runs.saturating_add(1);
-                    row.agent.clone_from(agent);
-                    row.model.clone_from(model);
-                    if !row.models.contains(model) {
-                        row.models.push(model.clone());
-                    }
-                    if row.goal.is_empty() {
-                        row.goal = goal.chars().take(120).collect();
-                    }
-                    row.trace_id.clone_from(&event.trace_id);
-                }
-                EventKind::ModelRequested { .. } => row.turns = row.turns.saturating_add(1),
-                EventKind::ModelResponded {
-                    usage, cost_usd, ..
-                } => {
-                    row.tokens = row
-                        .tokens
-                        .saturating_add(usage.input_tokens)
-                        .saturating_add(usage.output_tokens);
-                    if let Some(cost) = cost_usd {
-                        row.cost_usd = Some(row.cost_usd.unwrap_or(0.0) + cost);
-                    }
-                }
-                EventKind::ToolCallFinished { result } => {
-                    row.tool_calls = row.tool_calls.saturating_add(1);
-                    if !result.outcome.is_ok() {
-                        row.tool_errors = row.tool_errors.saturating_add(1);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if !events.is_empty() {
-            row.status = status;
-        }
-        row
+        Self::from_summary(RunStats::from_events(events).into_summary(summary))
     }
 
     /// `running`, `awaiting_approval`, … or the end state.

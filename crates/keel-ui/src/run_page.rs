@@ -1,6 +1,7 @@
-//! The run page: a thread's facts (agent, model, trace ids, tokens, cost), the approval
-//! box of a paused call, and the waterfall of its spans. The live region is re-rendered
-//! by [`crate::live`] as the log grows.
+//! The run page: a thread's facts (agent, model, trace ids, tokens, cost), the eval run it
+//! was a trial of, the approval box of a paused call, the question the agent asked with a
+//! reply form, and the waterfall of its spans (model calls marked at their first token).
+//! The live region is re-rendered by [`crate::live`] as the log grows.
 
 use std::collections::HashSet;
 
@@ -9,7 +10,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use keel_core::store::{ThreadStatus, ThreadSummary};
-use keel_core::{Event, EventKind};
+use keel_core::{EndState, Event, EventKind};
 use maud::{Markup, html};
 
 use crate::Ui;
@@ -21,16 +22,49 @@ use crate::timeline::{self, Kind, SpanView, Timeline};
 /// `GET /runs/{thread}`.
 pub(crate) async fn page(
     State(ui): State<Ui>,
-    Path(thread_id): Path<String>,
+    Path(url_id): Path<String>,
 ) -> Result<Response, UiError> {
+    let thread_id = ui.store_id(&url_id);
     let events = ui.source.load(&thread_id).await?;
+    let shown = ui.shown_id(&thread_id);
+    let evals = eval_links(&ui, &thread_id).await;
     let body = html! {
         p class="muted" { a href=(ui.href("/runs")) { "← Runs" } }
-        h1 { "Run " span class="mono" id="thread-id" { (thread_id) } }
+        h1 { "Run " span class="mono" id="thread-id" { (shown) } }
+        (evals)
         (live_region(&ui, &thread_id, &events, Utc::now()))
     };
-    let title = format!("Run {thread_id}");
+    let title = format!("Run {shown}");
     Ok(Html(layout(&ui, &title, Nav::Runs, body).into_string()).into_response())
+}
+
+/// "Trial 2 of scenario X in eval run 7", when the thread was an eval trial (nothing when
+/// the UI shows no eval results or the lookup fails: it is a convenience).
+async fn eval_links(ui: &Ui, thread_id: &str) -> Markup {
+    let Some(results) = &ui.evals else {
+        return html! {};
+    };
+    let Ok(runs) = results.runs_for_thread(thread_id).await else {
+        return html! {};
+    };
+    html! {
+        @for run in runs.iter().filter(|r| {
+            *ui.source.scope() == crate::Scope::All
+                || (!r.threads.is_empty() && r.threads.iter().all(|t| ui.source.scope().allows(&t.thread_id)))
+        }) {
+            @for link in run.threads.iter().filter(|t| t.thread_id == thread_id) {
+                p class="eval-link" {
+                    "Trial " (link.trial) " of scenario " code { (link.scenario) } " in "
+                    a href=(ui.href(&format!("/evals/{}", run.id))) { "eval run #" (run.id) " (" (run.suite) ")" }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the thread's last run has ended.
+pub(crate) fn ended(events: &[Event]) -> bool {
+    matches!(thread_status(events), ThreadStatus::Ended(_))
 }
 
 /// The part of the run page that changes while the run goes on: the `#live` element
@@ -43,7 +77,7 @@ pub(crate) fn live_region(
 ) -> Markup {
     let ended = matches!(thread_status(events), ThreadStatus::Ended(_));
     let live_url =
-        (!ended).then(|| ui.href(&format!("/runs/{thread_id}/live?after={}", events.len())));
+        (!ended).then(|| ui.run_href(thread_id, &format!("/live?after={}", events.len())));
     html! {
         div id="live" data-live-url=[live_url] data-events=(events.len()) {
             (live_contents(ui, thread_id, events, now))
@@ -90,6 +124,7 @@ pub(crate) fn live_contents(
             p class="notice" id="run-note" { (note) }
         }
         (approval_box(ui, thread_id, events))
+        (question_box(ui, thread_id, events))
         (waterfall(ui, thread_id, &timeline))
     }
 }
@@ -191,11 +226,11 @@ fn approval_box(ui: &Ui, thread_id: &str, events: &[Event]) -> Markup {
                 p { strong { (name) } " waits for approval " span class="mono muted" { "(" (call_id) ")" } }
                 (crate::detail::json_block(arguments))
                 @if ui.resumer.is_some() {
-                    form method="post" action=(ui.href(&format!("/runs/{thread_id}/approve"))) {
+                    form method="post" action=(ui.run_href(thread_id, "/approve")) {
                         input type="hidden" name="call_id" value=(call_id);
                         button type="submit" class="primary approve" { "Approve" }
                     }
-                    form method="post" action=(ui.href(&format!("/runs/{thread_id}/deny"))) {
+                    form method="post" action=(ui.run_href(thread_id, "/deny")) {
                         input type="hidden" name="call_id" value=(call_id);
                         input type="text" name="reason" placeholder="reason (shown to the model)";
                         " "
@@ -207,6 +242,87 @@ fn approval_box(ui: &Ui, thread_id: &str, events: &[Event]) -> Markup {
                         " or " code { "keel deny " (thread_id) " " (call_id) }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A question of the agent's latest run that no answer followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Question {
+    pub question: String,
+    pub missing_fields: Vec<String>,
+    /// The run still waits (an answer continues it); otherwise it ended
+    /// `clarify_needed` and an answer starts the thread's next run.
+    pub in_run: bool,
+}
+
+/// The question the latest run asked (`ask_user`, or the policy asking the user) and no
+/// answer followed: the run is still waiting, or it ended `clarify_needed` with it.
+pub(crate) fn pending_question(events: &[Event]) -> Option<Question> {
+    let latest = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+        .map(|e| e.run_id.as_str());
+    let mut question: Option<Question> = None;
+    for event in events.iter().filter(|e| Some(e.run_id.as_str()) == latest) {
+        match &event.kind {
+            EventKind::UserAsked {
+                question: text,
+                missing_fields,
+            } => {
+                question = Some(Question {
+                    question: text.clone(),
+                    missing_fields: missing_fields.clone(),
+                    in_run: true,
+                });
+            }
+            EventKind::ToolCallFinished { result }
+                if result.name == keel_core::planner::ASK_USER && result.outcome.is_ok() =>
+            {
+                question = None;
+            }
+            EventKind::UserAnswered { .. } => question = None,
+            EventKind::RunEnded { end_state, .. } => {
+                if *end_state == EndState::ClarifyNeeded {
+                    if let Some(q) = question.as_mut() {
+                        q.in_run = false;
+                    }
+                } else {
+                    question = None;
+                }
+            }
+            _ => {}
+        }
+    }
+    question
+}
+
+fn question_box(ui: &Ui, thread_id: &str, events: &[Event]) -> Markup {
+    let Some(question) = pending_question(events) else {
+        return html! {};
+    };
+    let shown = ui.shown_id(thread_id);
+    html! {
+        div class="question" id="question" data-in-run=(question.in_run) {
+            p { strong { "The agent asks:" } }
+            blockquote id="question-text" { (question.question) }
+            @if !question.missing_fields.is_empty() {
+                p class="muted" { "It needs: " (question.missing_fields.join(", ")) }
+            }
+            @if ui.resumer.is_some() {
+                form method="post" action=(ui.run_href(thread_id, "/reply")) id="reply-form" {
+                    textarea name="answer" id="reply-answer" rows="3" required placeholder="your answer (sent to the agent as the user's reply)" {}
+                    br;
+                    button type="submit" class="primary reply" id="reply-send" { "Send answer" }
+                }
+                p class="muted" {
+                    @if question.in_run { "The run waits for this answer and continues with it." }
+                    @else { "The run ended " code { "clarify_needed" } "; the answer starts the thread's next run with the same agent (as " code { "keel reply" } ")." }
+                }
+            } @else {
+                p class="muted" { "Answer with " code { "keel reply " (shown) " ANSWER" } }
             }
         }
     }
@@ -246,7 +362,7 @@ fn tick(ms: f64) -> String {
 
 fn span_row(ui: &Ui, thread_id: &str, timeline: &Timeline, span: &SpanView) -> Markup {
     let (left, width) = timeline.position(span);
-    let detail = ui.href(&format!("/runs/{thread_id}/spans/{}", span.id));
+    let detail = ui.run_href(thread_id, &format!("/spans/{}", span.id));
     let meta = span_meta(span);
     let mut bar_class = String::from("bar");
     if span.open {
@@ -255,10 +371,13 @@ fn span_row(ui: &Ui, thread_id: &str, timeline: &Timeline, span: &SpanView) -> M
     if span.error.is_some() {
         bar_class.push_str(" error");
     }
+    let first_token = span
+        .attr_i64(timeline::FIRST_TOKEN_ATTR)
+        .filter(|_| span.kind == Kind::Chat);
     html! {
         details class={ "span k-" (span.kind.as_str()) } id={ "span-" (span.id) }
             data-span-id=(span.id) data-kind=(span.kind.as_str()) data-detail=(detail)
-            data-open-span=(span.open) {
+            data-open-span=(span.open) data-ttft-ms=[first_token] {
             summary {
                 div class="label" style=(format!("padding-left:{}px", 8 + span.depth * 16)) title=(span.name) {
                     (span.name)
@@ -266,6 +385,9 @@ fn span_row(ui: &Ui, thread_id: &str, timeline: &Timeline, span: &SpanView) -> M
                 }
                 div class="track" {
                     span class=(bar_class) style=(format!("left:{left:.3}%;width:{width:.3}%")) title=(duration(span.duration_ms())) {}
+                    @if let Some(ms) = first_token {
+                        span class="ttft" style=(format!("left:{:.3}%", timeline.offset_of(span, ms))) title=(format!("first token after {}", duration(ms))) {}
+                    }
                 }
             }
             div class="detail" {}
@@ -295,7 +417,11 @@ fn span_meta(span: &SpanView) -> String {
                 .attr_i64("keel.turn")
                 .map(|t| format!("turn {t} · "))
                 .unwrap_or_default();
-            format!("{turn}{took}{tokens}")
+            let first = span
+                .attr_i64(timeline::FIRST_TOKEN_ATTR)
+                .map(|ms| format!(" · ttft {}", duration(ms)))
+                .unwrap_or_default();
+            format!("{turn}{took}{first}{tokens}")
         }
         Kind::Tool => {
             let outcome = match (

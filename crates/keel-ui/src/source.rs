@@ -1,17 +1,20 @@
 //! [`RunSource`]: what the UI reads — an event store, seen through a [`Scope`] (a tenant's
-//! thread-id namespace) and a redactor. Listing pages through the store's thread listing
-//! (most recently updated first) and loads only the logs of the threads it shows or must
-//! test against a filter the store cannot apply (model, text, end of the time range),
-//! within a scan budget per request.
+//! thread-id namespace) and a redactor. The runs page is one call of the store's runs
+//! list ([`EventStore::list_runs`]: filtered, sorted and paged by the store, which for
+//! SQLite and Postgres answers from its index without reading every log); only a text
+//! search loads logs, those of the page's rows, to check each hit against the redacted
+//! text.
 
 use std::sync::Arc;
 
-use keel_core::store::{ThreadFilter, ThreadSummary};
+use futures::StreamExt;
+use keel_core::runs::{RunCursor, RunQuery, RunSummary};
+use keel_core::store::{StoreError, ThreadFilter};
 use keel_core::{Event, EventStore};
 use keel_telemetry::Redactor;
 
 use crate::error::UiError;
-use crate::filter::RunsFilter;
+use crate::filter::mentions;
 use crate::row::RunRow;
 
 /// Which threads a [`RunSource`] shows.
@@ -51,24 +54,22 @@ impl std::fmt::Debug for RunSource {
     }
 }
 
-/// At most this many threads are examined per runs-page request when a filter needs
-/// their logs; the page then offers to continue the search from where it stopped.
-pub(crate) const SCAN_BUDGET: usize = 2000;
-
-/// Summaries fetched from the store per step of a scan.
-const CHUNK: usize = 200;
+/// Logs loaded at once to check a text search's hits.
+const VERIFY_AT_ONCE: usize = 4;
 
 /// One page of the runs list.
 #[derive(Debug, Clone)]
 pub(crate) struct RunsPage {
     /// The rows, in the order asked for.
     pub rows: Vec<RunRow>,
-    /// Where the next page starts in the store's listing, when there is more.
-    pub next_skip: Option<usize>,
-    /// Whether the scan budget ran out before the page was full.
-    pub budget_exhausted: bool,
-    /// Threads examined.
-    pub scanned: usize,
+    /// Where the next page starts (store thread id), when there is more.
+    pub next: Option<RunCursor>,
+    /// Rows the store's text search found that the redacted text does not show (the
+    /// match was in a secret): left out.
+    pub hidden: usize,
+    /// Threads the store has not indexed yet (its first listing of a big store): not in
+    /// this page.
+    pub unindexed: u64,
 }
 
 impl RunSource {
@@ -145,85 +146,75 @@ impl RunSource {
             .collect()
     }
 
-    /// Up to `limit` summaries of the store listing from position `skip` (the store lists
-    /// most recently updated first). Fewer than asked means the listing ended.
-    async fn listing(
-        &self,
-        base: &ThreadFilter,
-        skip: usize,
-        limit: usize,
-    ) -> Result<Vec<ThreadSummary>, UiError> {
-        let filter = ThreadFilter {
-            limit: Some(skip.saturating_add(limit)),
-            ..base.clone()
-        };
-        let all = self
-            .store
-            .list_threads(&filter)
-            .await
-            .map_err(|e| self.store_error(e))?;
-        Ok(all.into_iter().skip(skip).collect())
+    /// The scope as a thread-id prefix for the store.
+    pub(crate) fn thread_prefix(&self) -> Option<String> {
+        match &self.scope {
+            Scope::All => None,
+            Scope::ThreadPrefix(prefix) => Some(prefix.clone()),
+        }
     }
 
-    /// One page of runs matching `filter`.
-    pub(crate) async fn page(&self, filter: &RunsFilter) -> Result<RunsPage, UiError> {
-        let base = filter.store_filter();
-        let mut position = filter.skip;
-        let mut rows = Vec::new();
-        let mut scanned = 0usize;
-        let mut exhausted = false;
-        let mut more = true;
-        let scanning = filter.needs_scan() || self.scope != Scope::All;
-        'scan: while rows.len() < filter.limit {
-            let want = if scanning {
-                CHUNK
+    /// One page of the runs list (`query.thread_prefix` is set to the scope's). A text
+    /// search's hits are checked against each row's redacted log; a row that only matched
+    /// inside a redacted secret is left out.
+    pub(crate) async fn page(&self, mut query: RunQuery) -> Result<RunsPage, UiError> {
+        query.thread_prefix = self.thread_prefix();
+        let page = self.store.list_runs(&query).await.map_err(|e| match e {
+            StoreError::InvalidQuery(problem) => UiError::bad_input("q", problem),
+            other => self.store_error(other),
+        })?;
+        let needle = query.text_needle().filter(|_| self.redactor.is_enabled());
+        let visible = page
+            .runs
+            .into_iter()
+            .filter(|run| self.scope.allows(&run.thread_id));
+        // A search hit is checked against the log as the run page shows it (redacted);
+        // a few logs at a time.
+        let checked: Vec<Result<(RunSummary, bool), UiError>> = futures::stream::iter(visible)
+            .map(|run| {
+                let needle = needle.clone();
+                async move {
+                    let Some(needle) = needle else {
+                        return Ok((run, true));
+                    };
+                    let events = self
+                        .store
+                        .load(&run.thread_id)
+                        .await
+                        .map_err(|e| self.store_error(e))?;
+                    let shown = mentions(&self.redact_events(events), &needle);
+                    Ok((run, shown))
+                }
+            })
+            .buffered(VERIFY_AT_ONCE)
+            .collect()
+            .await;
+        let mut rows = Vec::with_capacity(checked.len());
+        let mut hidden = 0usize;
+        for result in checked {
+            let (run, shown) = result?;
+            if shown {
+                rows.push(RunRow::from_summary(self.redact_summary(run)));
             } else {
-                filter.limit.saturating_sub(rows.len()).saturating_add(1)
-            };
-            let chunk = self.listing(&base, position, want).await?;
-            if chunk.len() < want {
-                more = false;
-            }
-            if chunk.is_empty() {
-                break;
-            }
-            for summary in chunk {
-                if rows.len() >= filter.limit {
-                    more = true;
-                    break 'scan;
-                }
-                if scanned >= SCAN_BUDGET {
-                    exhausted = true;
-                    more = true;
-                    break 'scan;
-                }
-                position = position.saturating_add(1);
-                scanned += 1;
-                if !self.scope.allows(&summary.thread_id) || !filter.matches_summary(&summary) {
-                    continue;
-                }
-                let events = self
-                    .store
-                    .load(&summary.thread_id)
-                    .await
-                    .map_err(|e| self.store_error(e))?;
-                let events = self.redact_events(events);
-                let row = RunRow::new(&summary, &events);
-                if filter.matches_row(&row, &events) {
-                    rows.push(row);
-                }
-            }
-            if !more {
-                break;
+                hidden += 1;
             }
         }
-        filter.sort_rows(&mut rows);
         Ok(RunsPage {
             rows,
-            next_skip: more.then_some(position),
-            budget_exhausted: exhausted,
-            scanned,
+            next: page.next,
+            hidden,
+            unindexed: page.unindexed,
         })
+    }
+
+    /// The texts of a row as shown: redacted.
+    fn redact_summary(&self, mut run: RunSummary) -> RunSummary {
+        if self.redactor.is_enabled() {
+            run.goal = run.goal.map(|goal| self.redact(&goal));
+            run.agent = run.agent.map(|agent| self.redact(&agent));
+            run.model = run.model.map(|model| self.redact(&model));
+        }
+        run
     }
 
     /// The logs of every visible thread matching `filter` (for the dashboard, like

@@ -12,6 +12,10 @@ use keel_core::{Event, EventKind};
 use keel_telemetry::spans::SpanEventRecord;
 use keel_telemetry::{AttrValue, Completed, SpanAssembler, SpanOptions, SpanRecord, SpanStatus};
 
+/// The attribute of a `chat` span holding its time to first token (milliseconds from the
+/// call's start; `ModelResponded.first_token_ms`).
+pub(crate) const FIRST_TOKEN_ATTR: &str = "keel.time_to_first_token_ms";
+
 /// What a span is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -301,6 +305,18 @@ impl Timeline {
         let left = (micros(span.start - self.t0) / total * 100.0).clamp(0.0, 100.0);
         let width = (micros(span.end - span.start) / total * 100.0).clamp(0.0, 100.0 - left);
         (left, width)
+    }
+
+    /// Where on the axis (%) `span`'s start plus `ms` milliseconds falls, kept inside the
+    /// span's bar.
+    pub(crate) fn offset_of(&self, span: &SpanView, ms: i64) -> f64 {
+        let (left, width) = self.position(span);
+        let took = (span.end - span.start)
+            .num_microseconds()
+            .unwrap_or(i64::MAX)
+            .max(1) as f64;
+        let share = (ms.max(0) as f64 * 1000.0 / took).clamp(0.0, 1.0);
+        left + width * share
     }
 
     /// Total span of the axis in microseconds.

@@ -120,6 +120,34 @@ async fn the_ui_in_headless_chromium() {
     assert_eq!(failed, json!(f.threads.failed));
     assert_no_errors(&browser, "runs filtered").await;
 
+    // Sorting by a column heading: the whole list by tokens, most first, filters kept.
+    open(
+        &browser,
+        &f.url("/runs"),
+        "return document.querySelectorAll('#runs-body tr').length === 5;",
+    )
+    .await;
+    browser
+        .execute(
+            "document.querySelector('a[data-sort=\"tokens\"]').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let tokens = wait_for(
+        &browser,
+        "the tokens heading",
+        "if (location.search.indexOf('sort=tokens') < 0) return null;
+         var rows = Array.from(document.querySelectorAll('#runs-body tr'));
+         return rows.length === 5 ? rows.map(function (r) { return Number(r.children[8].textContent); }) : null;",
+    )
+    .await;
+    let tokens: Vec<u64> = serde_json::from_value(tokens).unwrap();
+    let mut sorted = tokens.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(tokens, sorted, "rows by tokens, most first");
+    assert_no_errors(&browser, "runs sorted").await;
+
     // A finished run: expand its tool call and see the arguments.
     open(
         &browser,
@@ -336,5 +364,158 @@ async fn the_ui_in_headless_chromium() {
     );
     let (status, _) = get(&f.url("/runs?from=yesterday")).await;
     assert_eq!(status, 400);
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_pages_and_the_reply_form_in_headless_chromium() {
+    let f = crate::evals::EvalFixture::new().await;
+    let browser = Browser::launch().await.unwrap();
+    browser.set_window_size(1360, 900).await.unwrap();
+
+    // The list: both saved runs, newest first, with the trend chart.
+    open(
+        &browser,
+        &f.url("/evals"),
+        "return document.querySelectorAll('#evals-body tr').length === 2;",
+    )
+    .await;
+    let listed = browser
+        .execute(
+            "return {runs: Array.from(document.querySelectorAll('#evals-body tr')).map(function (r) { return r.dataset.run; }),
+                     points: document.querySelectorAll('#evals-trend circle.point').length,
+                     nav: document.querySelector('#nav-evals.current') !== null};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        listed,
+        json!({"runs": [f.current.to_string(), f.baseline.to_string()], "points": 2, "nav": true})
+    );
+    screenshot(&browser, "evals").await;
+    assert_no_errors(&browser, "evals").await;
+
+    // One run's grid: open it from the list; a failed cell says why and links to the
+    // trial's run page.
+    browser
+        .execute(
+            &format!(
+                "document.querySelector('#evals-body tr[data-run=\"{}\"] a').click(); return true;",
+                f.current
+            ),
+            vec![],
+        )
+        .await
+        .unwrap();
+    wait_for(
+        &browser,
+        "the eval run's grid",
+        "return document.querySelectorAll('#eval-grid tr.scenario').length === 2;",
+    )
+    .await;
+    let cell = browser
+        .execute(
+            "var c = document.querySelector('#eval-grid tr[data-scenario=mul] td.trial[data-trial=\"1\"]');
+             return {status: c.dataset.status, title: c.title, href: c.querySelector('a').getAttribute('href')};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let thread = &f.current_report.scenarios[0].trials[0].thread_id;
+    assert_eq!(cell["status"], json!("failed"));
+    assert_eq!(cell["href"], json!(format!("/runs/{thread}")));
+    assert!(
+        cell["title"].as_str().unwrap().contains("\"forty-two\""),
+        "{cell}"
+    );
+    browser
+        .execute(
+            "document.getElementById('compare-box').scrollIntoView(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    screenshot(&browser, "eval-run").await;
+    assert_no_errors(&browser, "eval run").await;
+
+    // The comparison with the baseline the run was compared with.
+    browser
+        .execute(
+            "document.getElementById('recorded-comparison').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let compared = wait_for(
+        &browser,
+        "the comparison",
+        "var v = document.getElementById('verdict');
+         if (!v) return null;
+         return {regression: v.dataset.regression,
+                 mul: document.querySelector('#compare-grid tr[data-scenario=mul]').dataset.change,
+                 half: document.querySelector('#compare-grid tr[data-scenario=half]').dataset.change,
+                 bars: document.querySelectorAll('#compare-chart g.change').length};",
+    )
+    .await;
+    let expected = keel_eval::compare(&f.current_report, &f.baseline_report, 0.05);
+    assert_eq!(
+        compared,
+        json!({"regression": "true", "mul": "regressed", "half": "improved",
+               "bars": expected.regressions.len() + expected.improvements.len()})
+    );
+    screenshot(&browser, "eval-compare").await;
+    assert_no_errors(&browser, "eval comparison").await;
+
+    // A trial's run page: its model calls are marked at their first token.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{thread}")),
+        "return document.getElementById('waterfall') !== null;",
+    )
+    .await;
+    let marks = browser
+        .execute(
+            "return document.querySelectorAll('details.span[data-kind=chat] .track .ttft').length;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(marks, json!(2));
+    assert_no_errors(&browser, "eval trial run").await;
+
+    // A question answered with the form: the thread's next run starts and finishes live.
+    open(
+        &browser,
+        &f.url(&format!("/runs/{}", f.asked)),
+        "return document.getElementById('reply-form') !== null;",
+    )
+    .await;
+    let question = browser
+        .execute(
+            "return document.getElementById('question-text').textContent;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(question, json!(crate::evals::QUESTION));
+    screenshot(&browser, "run-question").await;
+    browser
+        .execute(
+            "document.getElementById('reply-answer').value = 'Paris';
+             document.getElementById('reply-send').click(); return true;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    wait_for(
+        &browser,
+        "the answered run to finish",
+        "var s = document.getElementById('run-state');
+         return s && s.textContent === 'done' && document.getElementById('question') === null;",
+    )
+    .await;
+    screenshot(&browser, "run-answered").await;
+    assert_no_errors(&browser, "answered run").await;
     browser.close().await;
 }

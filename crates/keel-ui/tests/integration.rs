@@ -1,5 +1,6 @@
 //! keel-ui's integration tests: one binary (see ARCHITECTURE.md, "A new integration test
-//! file"). `pages` checks the pages over HTTP; `browser` drives them in headless Chromium.
+//! file"). `pages` checks the pages over HTTP; `evals` the eval pages, time to first token
+//! and answering a question; `browser` drives them in headless Chromium.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,4 +11,5 @@
 
 mod browser;
 mod common;
+mod evals;
 mod pages;

@@ -23,6 +23,8 @@ async fn unknown_runs_are_404_pages_and_malformed_filters_400_pages_naming_the_f
         ("/runs?to=soon", "`to`"),
         ("/runs?limit=0", "`limit`"),
         ("/runs?sort=colour", "`sort`"),
+        ("/runs?sort=tokens&after=0.5~thr_x", "`after`"),
+        ("/runs?skip=25", "`skip`"),
         ("/runs?colour=red", "`colour`"),
         ("/dashboard?from=later", "`from`"),
         ("/dashboard?agent=a&x=1", "`x`"),
@@ -68,6 +70,18 @@ async fn model_and_tool_text_is_escaped_and_secrets_are_redacted() {
         "{detail}"
     );
     assert!(runs.contains("&lt;script&gt;"), "{runs}");
+    // A search finds runs by what the page shows, never by a redacted secret.
+    let (status, found) = get(&f.url("/runs?q=echo+this")).await;
+    assert_eq!(status, 200);
+    assert!(found.contains(&format!("data-thread=\"{id}\"")), "{found}");
+    let (status, by_secret) = get(&f.url("/runs?q=abcdefghijklmnop")).await;
+    assert_eq!(status, 200);
+    assert!(
+        !by_secret.contains(&format!("data-thread=\"{id}\"")),
+        "{by_secret}"
+    );
+    assert!(by_secret.contains("id=\"hidden-notice\""), "{by_secret}");
+    assert!(!by_secret.contains("abcdefghijklmnopq"), "{by_secret}");
     // What the store holds is unchanged: the payload and the key are really there.
     let raw = serde_json::to_string(&f.store.load(id).await.unwrap()).unwrap();
     assert!(raw.contains(SECRET));
@@ -252,4 +266,298 @@ async fn the_dashboard_shows_the_figures_of_keel_stats() {
     let summary = keel_telemetry::render_summary(&report);
     let first = summary.lines().next().unwrap();
     assert!(html.contains(first), "{first} not in the stats text");
+}
+
+/// A seeded thread of [`sorting_filtering_and_paging_follow_the_whole_store`]: what it
+/// holds, computed here independently of the store.
+#[derive(Debug, Clone)]
+struct Seeded {
+    id: String,
+    agent: &'static str,
+    state: &'static str,
+    started_ms: i64,
+    duration_ms: i64,
+    turns: u32,
+    tool_calls: u32,
+    tokens: u64,
+    /// Hundredths of a dollar; `None`: no cost reported.
+    cents: Option<u32>,
+    text: String,
+}
+
+fn seeded_thread(i: u32) -> (Seeded, Vec<keel_core::Event>) {
+    use keel_core::{EndState, EventKind, Message};
+    use keel_store::conformance::fixtures::{event, run_ended};
+    let id = format!("thr_seed_{i:02}");
+    let agent = ["alpha", "beta", "gamma"][(i % 3) as usize];
+    let model = ["openai:gpt-4o", "mock:small"][(i % 2) as usize];
+    let started_ms = i64::from(i) * 1_000;
+    let step = i64::from((i * 7) % 13 + 1) * 10;
+    let text = format!(
+        "question number {i}{}",
+        if i % 4 == 1 {
+            " about flaky TIMEOUTS"
+        } else {
+            ""
+        }
+    );
+    let calls = (i * 5) % 4 + 1;
+    let tools = (i * 3) % 5;
+    let cents = (!i.is_multiple_of(4)).then_some((i * 13) % 17);
+    let mut kinds = vec![
+        EventKind::RunStarted {
+            agent: agent.into(),
+            model: model.into(),
+            goal: text.clone(),
+            constraints: Vec::new(),
+            budget: keel_core::Budget::unlimited(),
+            definition: None,
+            parent_span_id: None,
+        },
+        EventKind::UserMessage {
+            message: Message::user(text.clone()),
+        },
+    ];
+    let mut tokens = 0u64;
+    for turn in 1..=calls {
+        let (input, output) = (u64::from((i * 37 + turn * 11) % 101), u64::from(turn));
+        tokens += input + output;
+        // The whole cost on the first answer (sums of floats stay exact).
+        let cost = if turn == 1 {
+            cents.map(|c| f64::from(c) / 100.0)
+        } else {
+            None
+        };
+        kinds.push(
+            serde_json::from_value(serde_json::json!({
+                "type": "model_requested", "turn": turn, "model": model, "message_count": turn,
+                "tool_count": 1, "estimated_input_tokens": input
+            }))
+            .unwrap(),
+        );
+        kinds.push(
+            serde_json::from_value(serde_json::json!({
+                "type": "model_responded", "turn": turn,
+                "message": Message::assistant(format!("answer {turn}")),
+                "usage": {"input_tokens": input, "output_tokens": output},
+                "latency_ms": 5, "stop_reason": "end_turn", "cost_usd": cost
+            }))
+            .unwrap(),
+        );
+    }
+    for call in 0..tools {
+        let ok = !(i + call).is_multiple_of(4);
+        let result = if ok {
+            serde_json::json!({"status": "ok", "data": "fine", "schema_validated": false, "truncated": false})
+        } else {
+            serde_json::json!({"status": "error", "code": "timeout", "message": "slow"})
+        };
+        let mut outcome = serde_json::json!({
+            "tool": "probe", "call_id": format!("c{call}"), "thread_id": id,
+            "run_id": format!("run-{id}"), "attempts": 1, "latency_ms": 3
+        });
+        outcome
+            .as_object_mut()
+            .unwrap()
+            .extend(result.as_object().unwrap().clone());
+        kinds.push(
+            serde_json::from_value(serde_json::json!({
+                "type": "tool_call_finished",
+                "result": {"call_id": format!("c{call}"), "name": "probe", "outcome": outcome, "content": "probe said fine"}
+            }))
+            .unwrap(),
+        );
+    }
+    let state = if i.is_multiple_of(7) {
+        "running"
+    } else if i.is_multiple_of(5) {
+        kinds.push(run_ended(EndState::Failed));
+        "failed"
+    } else {
+        kinds.push(run_ended(EndState::Done));
+        "done"
+    };
+    let count = kinds.len() as i64;
+    let events = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(n, kind)| {
+            let mut e = event(&id, n as u64, 0, kind);
+            e.ts = keel_store::conformance::fixtures::base_time()
+                + chrono::Duration::milliseconds(started_ms + n as i64 * step);
+            e
+        })
+        .collect();
+    let seeded = Seeded {
+        id,
+        agent,
+        state,
+        started_ms,
+        duration_ms: (count - 1) * step,
+        turns: calls,
+        tool_calls: tools,
+        tokens,
+        cents,
+        text,
+    };
+    (seeded, events)
+}
+
+/// Row ids of a runs page, in order.
+fn row_ids(html: &str) -> Vec<String> {
+    html.split("<tr data-thread=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every row of `url`'s listing, through its "Next page" links.
+async fn walk_pages(base: &str, url: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut url = format!("{base}{url}");
+    for _ in 0..100 {
+        let (status, html) = get(&url).await;
+        assert_eq!(status, 200, "{url}: {html}");
+        seen.extend(row_ids(&html));
+        match html.split("id=\"next-page\" href=\"").nth(1) {
+            Some(rest) => {
+                let href = rest.split('"').next().unwrap().replace("&amp;", "&");
+                url = format!("{base}{href}");
+            }
+            None => return seen,
+        }
+    }
+    panic!("more than 100 pages from {url}");
+}
+
+/// Sorting is global: every order walked page by page (and filtered) equals a full sort
+/// of the seeded threads, computed here from what was seeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorting_filtering_and_paging_follow_the_whole_store() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn keel_core::EventStore> = Arc::new(
+        keel_store::SqliteStore::open(dir.path().join("keel.db"))
+            .await
+            .unwrap(),
+    );
+    let mut seeded = Vec::new();
+    for i in 0..45 {
+        let (thread, events) = seeded_thread(i);
+        store.append(&thread.id, 0, &events).await.unwrap();
+        seeded.push(thread);
+    }
+    let ui = keel_ui::Ui::new(keel_ui::RunSource::new(
+        store.clone(),
+        keel_telemetry::Redactor::default(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(keel_ui::serve(
+        listener,
+        keel_ui::router(ui),
+        std::future::pending(),
+    ));
+
+    // (sort key, its value in a seeded thread as a comparable integer)
+    type Key = fn(&Seeded) -> i64;
+    let keys: [(&str, Key); 7] = [
+        ("", |s| s.started_ms + s.duration_ms),
+        ("started", |s| s.started_ms),
+        ("duration", |s| s.duration_ms),
+        ("turns", |s| i64::from(s.turns)),
+        ("tool_calls", |s| i64::from(s.tool_calls)),
+        ("tokens", |s| s.tokens as i64),
+        ("cost", |s| i64::from(s.cents.unwrap_or(0))),
+    ];
+    let expected = |rows: &[&Seeded], key: Key, ascending: bool| -> Vec<String> {
+        let mut rows = rows.to_vec();
+        rows.sort_by(|a, b| {
+            let order = key(a).cmp(&key(b));
+            let order = if ascending { order } else { order.reverse() };
+            order.then_with(|| a.id.cmp(&b.id))
+        });
+        rows.iter().map(|s| s.id.clone()).collect()
+    };
+    let all: Vec<&Seeded> = seeded.iter().collect();
+    for (sort, key) in keys {
+        for ascending in [false, true] {
+            let mut url = format!("/runs?limit=7&sort={sort}");
+            if ascending {
+                url.push_str("&dir=asc");
+            }
+            let walked = walk_pages(&base, &url).await;
+            assert_eq!(walked, expected(&all, key, ascending), "{url}");
+        }
+    }
+
+    // Filtered, sorted and paged together.
+    let failed: Vec<&Seeded> = seeded.iter().filter(|s| s.state == "failed").collect();
+    assert!(failed.len() > 3);
+    let walked = walk_pages(&base, "/runs?state=failed&sort=tokens&limit=2").await;
+    assert_eq!(walked, expected(&failed, |s| s.tokens as i64, false));
+    let beta_timeouts: Vec<&Seeded> = seeded
+        .iter()
+        .filter(|s| s.agent == "beta" && s.text.contains("TIMEOUTS"))
+        .collect();
+    assert!(!beta_timeouts.is_empty());
+    let walked = walk_pages(
+        &base,
+        "/runs?agent=beta&q=flaky+timeouts&sort=cost&dir=asc&limit=1",
+    )
+    .await;
+    assert_eq!(
+        walked,
+        expected(&beta_timeouts, |s| i64::from(s.cents.unwrap_or(0)), true)
+    );
+    let running: Vec<&Seeded> = seeded.iter().filter(|s| s.state == "running").collect();
+    let walked = walk_pages(&base, "/runs?state=running&sort=duration&dir=asc&limit=2").await;
+    assert_eq!(walked, expected(&running, |s| s.duration_ms, true));
+
+    // The column headings sort the whole filtered list from its first page: their links
+    // keep the filters and drop the position.
+    let (_, page) = get(&format!(
+        "{base}/runs?state=failed&agent=beta&sort=tokens&limit=2"
+    ))
+    .await;
+    let next = page
+        .split("id=\"next-page\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (_, second) = get(&format!("{base}{next}")).await;
+    let heading = second
+        .split("data-sort=\"turns\"")
+        .next()
+        .and_then(|before| before.rsplit("href=\"").next())
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    assert_eq!(heading, "/runs?state=failed&agent=beta&sort=turns&limit=2");
+    let tokens_heading = second
+        .split("data-sort=\"tokens\"")
+        .next()
+        .and_then(|before| before.rsplit("href=\"").next())
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    assert_eq!(
+        tokens_heading, "/runs?state=failed&agent=beta&sort=tokens&dir=asc&limit=2",
+        "clicking the current order's heading reverses it"
+    );
+    assert!(second.contains("id=\"first-page\""), "{second}");
+
+    // A position that belongs to another order, or is not one: a 400 page naming it.
+    for bad in [
+        "/runs?sort=tokens&after=1.5~thr_seed_01",
+        "/runs?after=yesterday",
+        "/runs?sort=cost&after=NaN~x",
+        "/runs?q=two%0Alines",
+    ] {
+        let (status, body) = get(&format!("{base}{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("invalid `"), "{bad}: {body}");
+    }
 }

@@ -383,7 +383,6 @@ impl ConfigSource {
     /// Builds the agent the request names, recording how to rebuild it (by keel.toml name
     /// or agent file, and the model chosen) so `keel resume` can continue its runs.
     async fn build(&self) -> Result<(Built, String), Error> {
-        let (builder, resolution) = self.app.agent_builder(&self.request).await?;
         let mut recipe = serde_json::Map::new();
         match &self.request.agent {
             Some(AgentRef::Named(name)) => {
@@ -394,6 +393,19 @@ impl ConfigSource {
             }
             _ => {}
         }
+        // A remote A2A agent (`a2a = "…"`) answers with its own model: no builder.
+        if let Some(reference) = &self.request.agent
+            && self.app.agent_kind(reference)? == keel_config::AgentKind::A2a
+        {
+            let recipe = serde_json::Value::Object(recipe);
+            let (agent, resolution) = self.app.a2a_agent(&self.request, recipe)?;
+            let built = Built {
+                agent: Arc::new(agent),
+                approve: None,
+            };
+            return Ok((built, resolution.name));
+        }
+        let (builder, resolution) = self.app.agent_builder(&self.request).await?;
         if let Some(model) = &resolution.model_spec {
             recipe.insert("model".into(), model.clone().into());
         }

@@ -77,6 +77,9 @@ pub struct CallContext {
     pub version: ProtocolVersion,
     /// The request's headers (authentication, tenant).
     pub headers: HeaderMap,
+    /// The request's extensions: what middleware in front of the router put there (e.g.
+    /// the caller an authentication layer resolved).
+    pub extensions: axum::http::Extensions,
 }
 
 /// A task as it started, and its updates from then on.
@@ -151,6 +154,7 @@ pub struct A2aRouterBuilder {
     default_agent: Option<String>,
     blocking_timeout: Duration,
     keep_alive: Duration,
+    security_schemes: Option<Value>,
 }
 
 impl std::fmt::Debug for A2aRouterBuilder {
@@ -170,6 +174,7 @@ pub(crate) struct Inner {
     default_agent: Option<String>,
     pub(crate) blocking_timeout: Duration,
     pub(crate) keep_alive: Duration,
+    security_schemes: Option<Value>,
 }
 
 /// A builder of the A2A router over `backend`.
@@ -180,6 +185,7 @@ pub fn router(backend: Arc<dyn A2aBackend>) -> A2aRouterBuilder {
         default_agent: None,
         blocking_timeout: Duration::from_secs(120),
         keep_alive: Duration::from_secs(15),
+        security_schemes: None,
     }
 }
 
@@ -214,14 +220,29 @@ impl A2aRouterBuilder {
         self
     }
 
+    /// The cards' `securitySchemes` (published as given, e.g.
+    /// `{"bearer": {"type": "http", "scheme": "bearer"}}`); authentication itself is the
+    /// job of a layer in front of the router.
+    #[must_use]
+    pub fn security_schemes(mut self, schemes: Value) -> Self {
+        self.security_schemes = Some(schemes);
+        self
+    }
+
     /// The router.
     pub fn build(self) -> Router {
+        self.build_for()
+    }
+
+    /// The router, for merging into a router of state `S` (its routes need no state).
+    pub fn build_for<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
         let inner = Arc::new(Inner {
             backend: self.backend,
             public_url: self.public_url,
             default_agent: self.default_agent,
             blocking_timeout: self.blocking_timeout,
             keep_alive: self.keep_alive,
+            security_schemes: self.security_schemes,
         });
         Router::new()
             .route(WELL_KNOWN_PATH, get(default_card))
@@ -290,9 +311,25 @@ impl Inner {
             default_input_modes: vec!["text/plain".into()],
             default_output_modes: vec!["text/plain".into()],
             skills,
-            security_schemes: None,
+            security_schemes: self.security_schemes.clone(),
+            security_requirements: requirements(
+                self.security_schemes.as_ref(),
+                |name| json!({ "schemes": { name: { "list": [] } } }),
+            ),
+            security: requirements(self.security_schemes.as_ref(), |name| json!({ name: [] })),
         }
     }
+}
+
+/// The security requirements of the published schemes, in one version's shape (`entry`
+/// of a scheme name): any one scheme satisfies a request. `None` without schemes.
+fn requirements(schemes: Option<&Value>, entry: impl Fn(&str) -> Value) -> Option<Value> {
+    let names: Vec<Value> = schemes?
+        .as_object()?
+        .keys()
+        .map(|name| entry(name))
+        .collect();
+    (!names.is_empty()).then_some(Value::Array(names))
 }
 
 fn card_response(card: &AgentCard) -> Response {

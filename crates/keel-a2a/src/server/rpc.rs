@@ -32,6 +32,7 @@ pub(crate) async fn handle(
     State(inner): State<Arc<Inner>>,
     Path(agent): Path<String>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
     body: Bytes,
 ) -> Response {
     let value: Value = match serde_json::from_slice(&body) {
@@ -99,6 +100,7 @@ pub(crate) async fn handle(
         agent,
         version,
         headers,
+        extensions,
     };
     let params = request.params.unwrap_or(Value::Null);
     match method {

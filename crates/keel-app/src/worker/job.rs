@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use keel_core::store::ThreadStatus;
+use keel_core::tool::CredentialSource;
 use keel_core::{CancellationToken, Event, EventKind, EventStore, Message, StoreError, new_id};
 use keel_runtime::{Agent, RunContext, RunError, Thread};
 use keel_store::{JobId, RunQueue};
@@ -64,6 +65,22 @@ pub trait JobAgents: Send + Sync + 'static {
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
     ) -> Result<(Box<dyn Agent>, RunContext), String>;
+
+    /// Where the tools of the runs on `thread_id` resolve their credentials, set on the
+    /// context [`build`](Self::build) returns (see [`RunContext::credentials`]). `None`
+    /// (the default) leaves the context as built: tools read their environment. A server
+    /// answers with the credentials of the thread's tenant.
+    fn credentials(&self, _thread_id: &str) -> Option<Arc<dyn CredentialSource>> {
+        None
+    }
+}
+
+/// `context` with the credentials `agents` gives the runs on `thread_id`, if any.
+fn with_credentials<A: JobAgents>(agents: &A, thread_id: &str, context: RunContext) -> RunContext {
+    match agents.credentials(thread_id) {
+        Some(credentials) => context.with_credentials(credentials),
+        None => context,
+    }
 }
 
 /// What `submit` puts on the queue.
@@ -192,6 +209,7 @@ pub(super) async fn drive<A: JobAgents>(
                 .build(&spec, start, store.clone(), cancel)
                 .await
                 .map_err(Permanent)?;
+            let context = with_credentials(agents, thread_id, context);
             agent.resume(&mut thread, &context).await
         }
         Some(run) if own_run => {
@@ -214,6 +232,7 @@ pub(super) async fn drive<A: JobAgents>(
                 .build(&spec, JobStart::New, store.clone(), cancel)
                 .await
                 .map_err(Permanent)?;
+            let context = with_credentials(agents, thread_id, context);
             agent
                 .run(
                     vec![Message::user(job.message.clone())],

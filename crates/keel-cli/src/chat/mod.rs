@@ -192,7 +192,7 @@ impl Session {
     fn banner(&self) {
         println!(
             "keel chat · model {} · thread {} · /help for commands, Ctrl-D to exit",
-            self.agent.model().id(),
+            self.agent.model_id(),
             self.thread.id()
         );
         if self.thread.state().run_in_progress() {

@@ -9,7 +9,7 @@
 mod model_call;
 mod tools;
 
-pub use model_call::stream_event_record;
+pub use model_call::{FirstToken, stream_event_record};
 
 use chrono::Utc;
 use keel_core::critic::{CriticInput, Subject};

@@ -14,7 +14,7 @@ use keel_core::planner::{self, PlannerAction, PlannerMode};
 use keel_core::state::{INVALID_ACTION_NOTICE, VALID_ACTION_NOTICE};
 use keel_core::{
     ApprovalMode as ToolApproval, EventKind, Message, ModelError, ModelErrorKind, ModelRequest,
-    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice,
+    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolResultKind,
 };
 
 use crate::compaction::{self, Prepared};
@@ -86,12 +86,40 @@ fn forced_tool_choice(journal: &Journal<'_>) -> Option<ToolChoice> {
         .map(ToolChoice::Tool)
 }
 
+/// The tools the agent's call rules would refuse now, whatever the arguments (see
+/// [`ModelRequest::withheld_tools`]).
+fn withheld_tools(agent: &ToolAgent, journal: &Journal<'_>) -> Vec<String> {
+    if agent.call_rules.is_empty() {
+        return Vec::new();
+    }
+    let mut requested: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut succeeded: Vec<&str> = Vec::new();
+    for event in journal.run_events() {
+        match &event.kind {
+            EventKind::ToolCallRequested { call, .. } => {
+                requested.insert(call.id.as_str(), call.name.as_str());
+            }
+            EventKind::ToolCallFinished { result } => {
+                if let (ToolResultKind::Ok { .. }, Some(tool)) = (
+                    &result.outcome.result,
+                    requested.get(result.call_id.as_str()),
+                ) {
+                    succeeded.push(tool);
+                }
+            }
+            _ => {}
+        }
+    }
+    keel_core::withheld_tools(&agent.call_rules, &succeeded)
+}
+
 fn build_request<'a>(
     agent: &'a ToolAgent,
     messages: &'a [Message],
     system: Option<&'a str>,
     final_summary: bool,
     forced: Option<&'a ToolChoice>,
+    withheld: &'a [String],
 ) -> ModelRequest<'a> {
     ModelRequest {
         system,
@@ -110,6 +138,7 @@ fn build_request<'a>(
         } else {
             agent.action_schema.as_ref()
         },
+        withheld_tools: withheld,
     }
 }
 
@@ -167,12 +196,14 @@ pub(super) async fn call_model(
         } else {
             let messages = request_messages(agent, journal.state().messages());
             let forced = forced_tool_choice(journal);
+            let withheld = withheld_tools(agent, journal);
             let request = build_request(
                 agent,
                 &messages,
                 system.as_deref(),
                 final_summary,
                 forced.as_ref(),
+                &withheld,
             );
             let precise_from = compaction::precise_from(agent);
             (
@@ -206,6 +237,7 @@ pub(super) async fn call_model(
             )])
             .await?;
         let started = Instant::now();
+        let mut first_token = FirstToken::new(started);
         let mut batch = Vec::new();
         let result = stream_answer(
             agent,
@@ -214,6 +246,7 @@ pub(super) async fn call_model(
             final_summary,
             &span,
             &mut batch,
+            &mut first_token,
         )
         .await;
         if let Err(Some(error)) = &result
@@ -263,7 +296,7 @@ pub(super) async fn call_model(
             turn,
             final_summary,
             result,
-            started,
+            first_token,
             span,
             batch,
         )
@@ -299,7 +332,15 @@ fn measure(
 ) -> (TokenBudget, u64) {
     let messages = request_messages(agent, journal.state().messages());
     let forced = forced_tool_choice(journal);
-    let request = build_request(agent, &messages, system, final_summary, forced.as_ref());
+    let withheld = withheld_tools(agent, journal);
+    let request = build_request(
+        agent,
+        &messages,
+        system,
+        final_summary,
+        forced.as_ref(),
+        &withheld,
+    );
     (
         compaction::request_budget(agent, journal, &request),
         agent
@@ -317,12 +358,21 @@ async fn stream_answer(
     final_summary: bool,
     span: &str,
     batch: &mut Vec<(EventKind, String)>,
+    first_token: &mut FirstToken,
 ) -> Result<ModelResponse, Option<ModelError>> {
     let ctx = journal.ctx();
     let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
     let messages = request_messages(agent, journal.state().messages());
     let forced = forced_tool_choice(journal);
-    let request = build_request(agent, &messages, system, final_summary, forced.as_ref());
+    let withheld = withheld_tools(agent, journal);
+    let request = build_request(
+        agent,
+        &messages,
+        system,
+        final_summary,
+        forced.as_ref(),
+        &withheld,
+    );
     let mut stream = agent.model.stream(request);
     let mut assembler = ResponseAssembler::new();
     loop {
@@ -352,6 +402,7 @@ async fn stream_answer(
                 for observer in &ctx.observers {
                     observer.on_stream(thread_id, run_id, &event);
                 }
+                first_token.observe(&event);
                 if let Some(kind) = stream_event_record(&event) {
                     batch.push((kind, span.to_string()));
                 }
@@ -384,6 +435,45 @@ pub fn stream_event_record(event: &StreamEvent) -> Option<EventKind> {
             data: None,
         }),
         _ => None,
+    }
+}
+
+/// Measures the time to first token of one model call: from when the call started to
+/// the first fragment of the answer ([`StreamEvent::is_answer_content`]); a restarted
+/// stream discards what came before, so the count starts again. Every agent that streams a
+/// model records it in `ModelResponded.first_token_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstToken {
+    started: Instant,
+    first: Option<Instant>,
+}
+
+impl FirstToken {
+    /// A call that started at `started` (the origin of its `latency_ms`).
+    pub fn new(started: Instant) -> Self {
+        Self {
+            started,
+            first: None,
+        }
+    }
+
+    /// Notes one fragment of the stream, as it arrives.
+    pub fn observe(&mut self, event: &StreamEvent) {
+        match event {
+            StreamEvent::Restart => self.first = None,
+            event if event.is_answer_content() => {
+                self.first.get_or_insert_with(Instant::now);
+            }
+            _ => {}
+        }
+    }
+
+    /// Milliseconds from the start to the first fragment, when one came.
+    pub fn millis(&self) -> Option<u64> {
+        self.first.map(|first| {
+            u64::try_from(first.saturating_duration_since(self.started).as_millis())
+                .unwrap_or(u64::MAX)
+        })
     }
 }
 
@@ -432,11 +522,11 @@ async fn finish_call(
     turn: u32,
     final_summary: bool,
     result: Result<ModelResponse, Option<ModelError>>,
-    started: Instant,
+    first_token: FirstToken,
     span: String,
     mut batch: Vec<(EventKind, String)>,
 ) -> Result<(), RunError> {
-    let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let latency_ms = u64::try_from(first_token.started.elapsed().as_millis()).unwrap_or(u64::MAX);
     match result {
         Ok(mut response) => {
             let mut after = Vec::new();
@@ -473,6 +563,7 @@ async fn finish_call(
                     stop_reason: response.stop_reason,
                     response_id: response.response_id,
                     cost_usd: response.cost_usd,
+                    first_token_ms: first_token.millis(),
                 },
                 span,
             ));
@@ -580,5 +671,39 @@ fn structured_action(
         vec![notice(VALID_ACTION_NOTICE, "valid action".into())]
     } else {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_token_is_the_first_fragment_of_the_answer_kept() {
+        let mut first = FirstToken::new(Instant::now());
+        // Bookkeeping is not the answer.
+        first.observe(&StreamEvent::Retry {
+            attempt: 1,
+            error: ModelErrorKind::RateLimited,
+            wait_ms: 0,
+            message: "slow down".into(),
+        });
+        first.observe(&StreamEvent::TextDelta(String::new()));
+        first.observe(&StreamEvent::Usage(keel_core::Usage::default()));
+        assert_eq!(first.millis(), None);
+        first.observe(&StreamEvent::TextDelta("Hel".into()));
+        let seen = first.millis();
+        assert!(seen.is_some());
+        // Later fragments do not move it; a restart discards it.
+        first.observe(&StreamEvent::TextDelta("lo".into()));
+        assert_eq!(first.millis(), seen);
+        first.observe(&StreamEvent::Restart);
+        assert_eq!(first.millis(), None);
+        first.observe(&StreamEvent::ToolCall(ToolCall {
+            id: "c1".into(),
+            name: "t".into(),
+            arguments: "{}".into(),
+        }));
+        assert!(first.millis().is_some());
     }
 }

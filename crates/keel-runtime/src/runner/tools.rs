@@ -303,6 +303,7 @@ fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallEx
         trace_id: journal.trace_id().to_string(),
         spans,
         runtime: Some(runtime),
+        credentials: journal.ctx().credentials.clone(),
     }
 }
 

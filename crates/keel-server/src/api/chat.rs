@@ -105,7 +105,9 @@ pub async fn chat(
     };
     check_run_limits(&state, &tenant).await?;
     // Subscribed before the run is queued: a worker here may start it at once.
-    let hub = request.stream.then(|| state.hub.subscribe());
+    let hub = request
+        .stream
+        .then(|| state.hub.subscribe_thread(thread.id()));
     let queued = enqueue_new(
         state.queue.as_ref(),
         &thread,
@@ -225,7 +227,12 @@ pub(crate) fn check_agent(state: &AppState, agent: &str) -> Result<(), ApiError>
     )))
 }
 
-fn track(state: &AppState, tenant: &Tenant, store_id: &str, job_id: keel_store::JobId) {
+/// Remembers a job this process queued for the concurrent-runs limit (not when the tenant
+/// has none: nothing would ever read or prune the list).
+pub(crate) fn track(state: &AppState, tenant: &Tenant, store_id: &str, job_id: keel_store::JobId) {
+    if state.config.limits_for(&tenant.name).concurrent_runs == 0 {
+        return;
+    }
     let mut pending = match state.pending.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
@@ -247,7 +254,7 @@ pub(crate) async fn check_run_limits(state: &AppState, tenant: &Tenant) -> Resul
     if limits.concurrent_runs == 0 {
         return Ok(());
     }
-    let active = active_runs(state, tenant).await?;
+    let active = active_runs(state, tenant, limits.concurrent_runs).await?;
     if active >= limits.concurrent_runs {
         state.metrics.limited.fetch_add(1, Ordering::Relaxed);
         return Err(ApiError::too_many(
@@ -264,8 +271,14 @@ pub(crate) async fn check_run_limits(state: &AppState, tenant: &Tenant) -> Resul
 }
 
 /// The tenant's threads with a run in progress in the store, plus the threads of jobs
-/// this process queued that no worker started yet.
-async fn active_runs(state: &AppState, tenant: &Tenant) -> Result<u64, ApiError> {
+/// this process queued that no worker started yet — counted exactly only when it matters:
+/// while the running threads plus the remembered jobs of the other threads stay under
+/// `limit` (an upper bound of the count), no job is looked up (a lookup per remembered job
+/// on every chat made a burst of N chats cost N² queue reads); at the limit, each job of a
+/// thread that is not running is looked up and the finished ones are forgotten, so fewer
+/// than `limit` of those are ever kept. (Jobs of running threads need no lookup: their
+/// thread is counted already; they are looked up once it is idle.)
+async fn active_runs(state: &AppState, tenant: &Tenant, limit: u64) -> Result<u64, ApiError> {
     let filter = ThreadFilter {
         status: Some(ThreadStatus::Running),
         ..ThreadFilter::default()
@@ -287,12 +300,19 @@ async fn active_runs(state: &AppState, tenant: &Tenant) -> Result<u64, ApiError>
         };
         pending
             .iter()
-            .filter(|p| p.tenant == tenant.name)
+            .filter(|p| p.tenant == tenant.name && !threads.contains(&p.store_id))
             .cloned()
             .collect()
     };
+    let bound = threads.len().saturating_add(mine.len());
+    if bound < usize::try_from(limit).unwrap_or(usize::MAX) {
+        return Ok(bound as u64);
+    }
     let mut finished = Vec::new();
     for job in mine {
+        if threads.contains(&job.store_id) {
+            continue;
+        }
         match state.queue.job(job.job_id).await {
             Ok(Some(info)) if info.state == JobState::Queued || info.state == JobState::Leased => {
                 threads.insert(job.store_id);

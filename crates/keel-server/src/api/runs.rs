@@ -77,12 +77,28 @@ pub async fn cancel_run(
     Extension(tenant): Extension<Tenant>,
     Path((thread_id, run_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let thread = tenant_thread(&state, &tenant, &thread_id).await?;
+    request_cancel(&state, &tenant, &thread_id, &run_id).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"thread_id": thread_id, "run_id": run_id, "status": "cancelling"})),
+    )
+        .into_response())
+}
+
+/// Asks run `run_id` of the tenant's thread `thread_id` to stop (see [`cancel_run`]; the
+/// A2A `CancelTask` takes the same path).
+pub(crate) async fn request_cancel(
+    state: &AppState,
+    tenant: &Tenant,
+    thread_id: &str,
+    run_id: &str,
+) -> Result<(), ApiError> {
+    let thread = tenant_thread(state, tenant, thread_id).await?;
     let latest = thread.state().run().map(|r| r.run_id.clone());
-    if latest.as_deref() != Some(run_id.as_str()) {
-        let (_, events) = tenant_events(&state, &tenant, &thread_id).await?;
-        if run_events(&events, &run_id).is_empty() {
-            return Err(run_not_found(&thread_id, &run_id));
+    if latest.as_deref() != Some(run_id) {
+        let (_, events) = tenant_events(state, tenant, thread_id).await?;
+        if run_events(&events, run_id).is_empty() {
+            return Err(run_not_found(thread_id, run_id));
         }
         return Err(ApiError::conflict(
             "run_ended",
@@ -99,10 +115,10 @@ pub async fn cancel_run(
     }
     state
         .serving
-        .request_cancel(thread.id(), &run_id)
+        .request_cancel(thread.id(), run_id)
         .await
         .map_err(|e| ApiError::internal(format!("cannot record the cancel: {e}")))?;
-    if !state.hub.cancel(&run_id) {
+    if !state.hub.cancel(run_id) {
         // Paused, interrupted, or driven by another process: a continuation job resumes
         // the run and sees the cancel (behind the job driving it, if any, when that one
         // already stopped it the continuation finds the run ended and does nothing).
@@ -111,11 +127,7 @@ pub async fn cancel_run(
             .map_err(ApiError::internal)?;
         state.metrics.runs_queued.fetch_add(1, Ordering::Relaxed);
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(json!({"thread_id": thread_id, "run_id": run_id, "status": "cancelling"})),
-    )
-        .into_response())
+    Ok(())
 }
 
 /// `POST /v1/threads/{thread_id}/approvals/{call_id}`.
@@ -270,7 +282,7 @@ pub async fn reply(
         .into_response())
 }
 
-async fn continue_on_worker(state: &AppState, thread: &Thread) -> Result<(), ApiError> {
+pub(crate) async fn continue_on_worker(state: &AppState, thread: &Thread) -> Result<(), ApiError> {
     enqueue_continue(state.queue.as_ref(), thread)
         .await
         .map_err(ApiError::internal)?;
@@ -279,7 +291,7 @@ async fn continue_on_worker(state: &AppState, thread: &Thread) -> Result<(), Api
 }
 
 /// A failed decision or answer, with the store's thread id shown as the client's.
-fn human_error(error: HumanInputError, store_id: &str, thread_id: &str) -> ApiError {
+pub(crate) fn human_error(error: HumanInputError, store_id: &str, thread_id: &str) -> ApiError {
     match error {
         HumanInputError::Run(run) => {
             ApiError::internal(keel_app::worker::run_error(&run).replace(store_id, thread_id))

@@ -8,6 +8,7 @@
 mod events;
 pub mod fixtures;
 mod queue;
+mod runs;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use queue::{
     queue_expired_lease_taken_over, queue_invalid_arguments, queue_one_job_per_message_in_order,
     queue_release, queue_retry_later_and_fail, queue_thread_jobs_serialized_under_concurrency,
 };
+pub use runs::{list_runs_figures_and_filters, list_runs_follows_the_log, list_runs_sorted_pages};
 
 /// A failed conformance check.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -87,6 +89,9 @@ pub const EVENT_CASES: &[&str] = &[
     "invalid_batch_among_valid",
     "read_your_writes",
     "append_with_sync",
+    "list_runs_figures_and_filters",
+    "list_runs_sorted_pages",
+    "list_runs_follows_the_log",
 ];
 
 /// Runs one event-store case by name.
@@ -111,6 +116,9 @@ pub async fn run_event_case(
         "invalid_batch_among_valid" => invalid_batch_among_valid(store).await,
         "read_your_writes" => read_your_writes(store).await,
         "append_with_sync" => append_with_sync(store).await,
+        "list_runs_figures_and_filters" => list_runs_figures_and_filters(store).await,
+        "list_runs_sorted_pages" => list_runs_sorted_pages(store).await,
+        "list_runs_follows_the_log" => list_runs_follows_the_log(store).await,
         other => Err(fail("run_event_case", format!("unknown case {other:?}"))),
     }
 }

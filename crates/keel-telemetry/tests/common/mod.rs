@@ -164,6 +164,7 @@ impl RunBuilder {
                 },
                 response_id: Some(format!("msg_{}_{turn}", self.run_id)),
                 cost_usd: Some(cost),
+                first_token_ms: None,
             },
         );
         for (id, name, args) in calls {

@@ -18,7 +18,7 @@ const ERROR_REASON_CHARS: usize = 1_000;
 
 impl HttpTool {
     /// The error for a non-2xx answer: the code from the status, the service's own message
-    /// and a bounded excerpt of the body (secrets replaced).
+    /// and a bounded excerpt of the body (secrets replaced). The caller adds `Retry-After`.
     pub(super) fn status_error(
         &self,
         status: reqwest::StatusCode,
@@ -26,7 +26,7 @@ impl HttpTool {
         body: &[u8],
         cut: bool,
         parsed: Option<Value>,
-        retry_after_ms: Option<u64>,
+        secrets: &redact::Secrets,
     ) -> ToolError {
         let name = &self.spec.name;
         let code = ToolErrorCode::from_http_status(status.as_u16()).unwrap_or(
@@ -37,12 +37,12 @@ impl HttpTool {
             },
         );
         let raw = String::from_utf8_lossy(body);
-        let text = self.secrets.scrub(&raw);
+        let text = secrets.scrub(&raw);
         let excerpt = capped(&text, ERROR_BODY_CHARS, name, cut);
         let reason = parsed
             .as_ref()
             .and_then(error_message)
-            .map(|message| self.secrets.scrub(&message))
+            .map(|message| secrets.scrub(&message))
             .map(|message| capped(message.trim(), ERROR_REASON_CHARS, name, false))
             .unwrap_or_else(|| capped(text.trim(), ERROR_REASON_CHARS, name, cut));
         let mut message = format!(
@@ -61,15 +61,11 @@ impl HttpTool {
         let small = !cut && text.chars().count() <= ERROR_BODY_CHARS;
         if let (Some(parsed), Value::Object(map)) = (parsed, &mut details)
             && small
-            && !self.secrets.appear_in(&raw)
+            && !secrets.appear_in(&raw)
         {
             map.insert("body_json".into(), parsed);
         }
-        let mut error = ToolError::new(code, message).with_details(details);
-        if let Some(ms) = retry_after_ms {
-            error = error.with_retry_after_ms(ms);
-        }
-        error
+        ToolError::new(code, message).with_details(details)
     }
 
     pub(super) fn refused_redirect(
@@ -77,6 +73,7 @@ impl HttpTool {
         from: &url::Url,
         response: &reqwest::Response,
         refusal: redirect::Refusal,
+        secrets: &redact::Secrets,
     ) -> ToolError {
         let name = &self.spec.name;
         let status = response.status().as_u16();
@@ -108,7 +105,7 @@ impl HttpTool {
                     "`{name}`: {from} redirected (HTTP {status}) to a location that is not an \
                      http(s) URL; it was not followed"
                 ),
-                Some(self.secrets.scrub(&location)),
+                Some(secrets.scrub(&location)),
             ),
         };
         let mut details = json!({"status": status, "redirects": self.redirects.as_str()});
@@ -132,14 +129,19 @@ impl HttpTool {
 
     /// A failed request as a tool error. Its text never holds the query string, userinfo
     /// or a configured header value ([`redact`]).
-    pub(super) fn transport_error(&self, error: reqwest::Error, url: &url::Url) -> ToolError {
+    pub(super) fn transport_error(
+        &self,
+        error: reqwest::Error,
+        url: &url::Url,
+        secrets: &redact::Secrets,
+    ) -> ToolError {
         let name = &self.spec.name;
         let target = display_url(url);
         if error.is_timeout() {
             return self.timeout_error(url);
         }
         let connect = error.is_connect();
-        let text = redact::error_text(error, &self.secrets);
+        let text = redact::error_text(error, secrets);
         if connect {
             ToolError::new(
                 ToolErrorCode::RetryableServer,

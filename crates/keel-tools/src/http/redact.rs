@@ -75,6 +75,26 @@ impl Secrets {
         Self { values }
     }
 
+    /// Secrets given as values (a call's credentials).
+    pub fn of_values(values: impl IntoIterator<Item = String>) -> Self {
+        Self::default().with(values)
+    }
+
+    /// These secrets and `values`.
+    #[must_use]
+    pub fn with(&self, values: impl IntoIterator<Item = String>) -> Self {
+        let mut values: Vec<String> = self.values.iter().cloned().chain(values).collect();
+        values.retain(|v| v.chars().count() >= MIN_SECRET_CHARS);
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.dedup();
+        Self { values }
+    }
+
+    /// Whether there is no secret to look for.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
     /// `text` with every secret replaced by `[redacted]`.
     pub fn scrub(&self, text: &str) -> String {
         let mut out = text.to_string();

@@ -1,0 +1,275 @@
+//! What the load benchmark (`cargo xtask bench-serve`, docs/server.md "Load") found, kept
+//! as tests:
+//! - the concurrent-runs check looked every remembered job up in the queue on every chat,
+//!   so a burst of N chats cost N² queue reads. Under the limit it now reads no job; at the
+//!   limit it still counts queued runs exactly.
+//! - a stream whose task read the store after its run had ended (a stream that fell
+//!   behind, or started late, under load) ended with the run and dropped the text deltas
+//!   still waiting for it. (The hub's per-thread channels, the other half of the lost
+//!   deltas, are tested in `hub.rs`.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::response::IntoResponse;
+use keel_app::App;
+use keel_core::{CancellationToken, Message};
+use keel_runtime::Thread;
+use keel_server::follow::{Follow, Until, event_stream};
+use keel_server::hub::{Hub, HubObserver};
+use keel_server::jobs::recipe_for;
+use keel_server::limits::{RateLimiter, Usage};
+use keel_server::metrics::Metrics;
+use keel_server::state::{AppState, Shared};
+use keel_server::tenancy::Tenant;
+use keel_server::{Server, keys};
+use keel_store::{JobId, JobInfo, Lease, OpenedStore, QueueCounts, QueueError, RunQueue};
+use keel_testkit::mock_llm::{MockLlmServer, MockScript, MockTurn};
+use serde_json::{Value, json};
+
+use crate::common::DEADLINE;
+
+/// A run queue that counts [`RunQueue::job`] lookups.
+struct CountingQueue {
+    inner: Arc<dyn RunQueue>,
+    lookups: AtomicUsize,
+}
+
+#[async_trait]
+impl RunQueue for CountingQueue {
+    async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
+        self.inner.enqueue(thread_id, payload).await
+    }
+    async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
+        self.inner.acquire(worker_id, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.inner.complete(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.inner.release(lease).await
+    }
+    async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        self.inner.retry_later(lease, delay).await
+    }
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        self.inner.fail(lease, error).await
+    }
+    async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.job(job_id).await
+    }
+    async fn counts(&self) -> Result<QueueCounts, QueueError> {
+        self.inner.counts().await
+    }
+}
+
+/// A server without workers (queued runs stay queued) over SQLite, its queue counted.
+async fn server(
+    dir: &std::path::Path,
+    limit: u64,
+) -> (String, String, Arc<CountingQueue>, CancellationToken) {
+    let url = format!("sqlite://{}", dir.join("keel.db").display());
+    let opened = keel_store::open(&url).await.unwrap();
+    let queue = Arc::new(CountingQueue {
+        inner: opened.queue.clone(),
+        lookups: AtomicUsize::new(0),
+    });
+    let store = OpenedStore {
+        queue: queue.clone(),
+        ..opened
+    };
+    let toml = format!(
+        r#"
+[providers.openai]
+base_url = "http://127.0.0.1:9/v1"
+
+[agents.bot]
+model = "openai:gpt-4.1-mini"
+instructions = "Never runs: no worker."
+
+[server]
+workers = 0
+
+[server.limits]
+concurrent_runs = {limit}
+"#
+    );
+    let env: keel_app::Env =
+        Arc::new(|name: &str| (name == "OPENAI_API_KEY").then(|| "sk-test".to_string()));
+    let app = App::from_toml_str(&toml, dir, env).unwrap();
+    let config = app.config().server.clone();
+    let server = Server::new(Arc::new(app), &store, config).unwrap();
+    let key = keys::create(store.serving.as_ref(), "acme", None)
+        .await
+        .unwrap()
+        .key;
+    let (base, stop, _task) = crate::common::serve_on_loopback(server).await;
+    (base, key, queue, stop)
+}
+
+/// Starts a streaming chat and returns its status once the headers arrive (the run is
+/// queued by then); the stream itself is dropped.
+async fn chat(client: &reqwest::Client, base: &str, key: &str, n: usize) -> (u16, String) {
+    let response = tokio::time::timeout(
+        DEADLINE,
+        client
+            .post(format!("{base}/v1/chat"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(
+                json!({"agent": "bot", "message": format!("chat {n}"), "stream": true}).to_string(),
+            )
+            .send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let status = response.status().as_u16();
+    let body = if status == 200 {
+        String::new()
+    } else {
+        response.text().await.unwrap()
+    };
+    (status, body)
+}
+
+#[tokio::test]
+async fn chats_under_the_concurrent_runs_limit_look_up_no_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, key, queue, stop) = server(dir.path(), 100).await;
+    let client = reqwest::Client::new();
+    for n in 0..30 {
+        let (status, body) = chat(&client, &base, &key, n).await;
+        assert_eq!(status, 200, "chat {n}: {body}");
+    }
+    // Before: 0 + 1 + … + 29 = 435 lookups.
+    assert_eq!(queue.lookups.load(Ordering::SeqCst), 0);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn at_the_limit_queued_runs_are_counted_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, key, queue, stop) = server(dir.path(), 5).await;
+    let client = reqwest::Client::new();
+    for n in 0..5 {
+        let (status, body) = chat(&client, &base, &key, n).await;
+        assert_eq!(status, 200, "chat {n}: {body}");
+    }
+    // Five runs queued (no worker starts them): the sixth is refused after the jobs were
+    // looked up (still queued, so they count).
+    let (status, body) = chat(&client, &base, &key, 5).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("concurrent_runs"), "{body}");
+    assert_eq!(queue.lookups.load(Ordering::SeqCst), 5);
+    stop.cancel();
+}
+
+/// Under load a chat's run can end before its stream's task first reads the store; the
+/// stream must still send every text delta (they are never stored), before the events
+/// that follow them.
+#[tokio::test]
+async fn a_stream_that_reads_its_ended_run_still_sends_every_delta_first() {
+    let answer = "one two three four five six seven eight";
+    let mock = MockLlmServer::start(MockScript::new(vec![MockTurn::text(answer)]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("keel.db").display());
+    let store = keel_store::open(&url).await.unwrap();
+    let toml = format!(
+        "[providers.openai]\nbase_url = \"{}/v1\"\n\n[agents.bot]\nmodel = \"openai:gpt-4.1-mini\"\ninstructions = \"Answer.\"\n",
+        mock.base_url()
+    );
+    let env: keel_app::Env =
+        Arc::new(|name: &str| (name == "OPENAI_API_KEY").then(|| "sk-test".to_string()));
+    let app = Arc::new(App::from_toml_str(&toml, dir.path(), env).unwrap());
+    let hub = Arc::new(Hub::new());
+    let usage = Arc::new(Usage::default());
+    let state: AppState = Arc::new(Shared {
+        app: app.clone(),
+        events: store.events.clone(),
+        queue: store.queue.clone(),
+        serving: store.serving.clone(),
+        hub: hub.clone(),
+        rate: RateLimiter::default(),
+        usage: usage.clone(),
+        metrics: Metrics::default(),
+        config: app.config().server.clone(),
+        shutdown: CancellationToken::new(),
+        poll: Duration::from_secs(3600),
+        pending: Mutex::new(Vec::new()),
+        openapi: OnceLock::new(),
+    });
+    let store_id = "acme.thr_late";
+    // Subscribed before the run, as a chat does; the run is then driven to its end with
+    // the embedded workers' observer before the stream reads anything.
+    let subscription = hub.subscribe_thread(store_id);
+    let built = recipe_for("bot").build_agent(&app, None).await.unwrap();
+    let observer = Arc::new(HubObserver::new(hub, usage, CancellationToken::new(), None));
+    let context = app
+        .run_context(store.events.clone(), None, built.approve)
+        .with_observer(observer);
+    let mut thread = Thread::with_id(store_id);
+    built
+        .agent
+        .run(vec![Message::user("hello")], &mut thread, &context)
+        .await
+        .unwrap();
+
+    let sse = event_stream(
+        state,
+        Follow {
+            tenant: Tenant {
+                name: "acme".into(),
+                key_id: "key_test".into(),
+            },
+            store_id: store_id.into(),
+            client_id: "thr_late".into(),
+            from_seq: 0,
+            until: Until::Idle,
+        },
+        Some(subscription),
+    );
+    let body = tokio::time::timeout(
+        DEADLINE,
+        axum::body::to_bytes(sse.into_response().into_body(), usize::MAX),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let mut names = Vec::new();
+    let mut streamed = String::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let field = |name: &str| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let event = field("event:");
+        if event == "text_delta" {
+            let data: Value = serde_json::from_str(&field("data:")).unwrap();
+            streamed.push_str(data["text"].as_str().unwrap());
+        }
+        names.push(event);
+    }
+    assert_eq!(streamed, answer, "events: {names:?}");
+    let last_delta = names.iter().rposition(|n| n == "text_delta").unwrap();
+    let responded = names.iter().position(|n| n == "model_responded").unwrap();
+    assert!(last_delta < responded, "{names:?}");
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("outcome"),
+        "{names:?}"
+    );
+}

@@ -1,0 +1,448 @@
+//! The web UI under `/ui` of `keel serve`: sessions from API keys (login, logout, revoked
+//! keys), a tenant's scope (its runs only, client ids, 404 for another tenant's run on
+//! every page and action) and approvals that continue the run on a worker. Plain HTTP
+//! over a real socket; cookies are carried by hand so each step is visible.
+
+use std::time::Instant;
+
+use keel_server::keys;
+use reqwest::redirect::Policy;
+use serde_json::json;
+
+use crate::common::{Backend, DEADLINE, Harness};
+
+/// A client that shows redirects instead of following them.
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+struct Answer {
+    status: u16,
+    location: String,
+    cookies: Vec<String>,
+    content_type: String,
+    body: String,
+}
+
+async fn send(request: reqwest::RequestBuilder) -> Answer {
+    let response = tokio::time::timeout(DEADLINE, request.send())
+        .await
+        .unwrap()
+        .unwrap();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let location = header("location");
+    let content_type = header("content-type");
+    let cookies = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let status = response.status().as_u16();
+    let body = if content_type.starts_with("text/event-stream") {
+        String::new()
+    } else {
+        response.text().await.unwrap()
+    };
+    Answer {
+        status,
+        location,
+        cookies,
+        content_type,
+        body,
+    }
+}
+
+async fn get(h: &Harness, path: &str, session: Option<&str>) -> Answer {
+    let mut request = browser().get(h.url(path));
+    if let Some(session) = session {
+        request = request.header("cookie", session);
+    }
+    send(request).await
+}
+
+async fn post_form(h: &Harness, path: &str, session: Option<&str>, form: &str) -> Answer {
+    let mut request = browser()
+        .post(h.url(path))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", h.base.clone())
+        .body(form.to_string());
+    if let Some(session) = session {
+        request = request.header("cookie", session);
+    }
+    send(request).await
+}
+
+/// Logs in with `key`; returns the `name=value` of the session cookie.
+async fn login(h: &Harness, key: &str) -> String {
+    let answer = post_form(
+        h,
+        "/ui/login",
+        None,
+        &format!("key={key}&next=%2Fui%2Fruns"),
+    )
+    .await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    assert_eq!(answer.location, "/ui/runs");
+    let cookie = answer
+        .cookies
+        .iter()
+        .find(|c| c.starts_with("keel_session="))
+        .unwrap_or_else(|| panic!("no session cookie: {:?}", answer.cookies));
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    assert!(!cookie.contains(key), "the key is never in the cookie");
+    assert!(!cookie.contains(&keys::digest(key)), "nor its digest");
+    cookie.split(';').next().unwrap().to_string()
+}
+
+/// A chat of `tenant` that ends or pauses; returns (thread, run, the answer).
+async fn chat(h: &Harness, key: &str, message: &str) -> (String, String, serde_json::Value) {
+    let (status, _, answer) = h
+        .send(
+            "POST",
+            "/v1/chat",
+            key,
+            Some(json!({"agent": "bot", "message": message})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    (
+        answer["thread_id"].as_str().unwrap().to_string(),
+        answer["run_id"].as_str().unwrap().to_string(),
+        answer,
+    )
+}
+
+fn assert_login_redirect(answer: &Answer, why: Option<&str>) {
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    assert!(
+        answer.location.starts_with("/ui/login?next="),
+        "{}",
+        answer.location
+    );
+    if let Some(why) = why {
+        assert!(
+            answer.location.ends_with(&format!("why={why}")),
+            "{}",
+            answer.location
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_shows_the_tenants_runs_only() {
+    let h = Harness::start(Backend::Sqlite, json!({"turns": [{"text": "hello"}]}), "").await;
+    let a = h.key("alpha").await;
+    let b = h.key("beta").await;
+    let (ta, _, answer) = chat(&h, &a, "alpha's question").await;
+    assert_eq!(answer["end_state"], "done", "{answer}");
+    let (tb, _, _) = chat(&h, &b, "beta's question").await;
+
+    // Without a session every page and action sends the browser to the login page.
+    for path in [
+        "/ui",
+        "/ui/runs",
+        &format!("/ui/runs/{ta}"),
+        "/ui/dashboard",
+    ] {
+        let answer = get(&h, path, None).await;
+        assert_login_redirect(&answer, None);
+    }
+    let answer = get(&h, "/ui/runs?state=done", None).await;
+    assert_eq!(
+        answer.location,
+        "/ui/login?next=%2Fui%2Fruns%3Fstate%3Ddone"
+    );
+    let answer = post_form(&h, &format!("/ui/runs/{ta}/fork"), None, "at_seq=1").await;
+    assert_login_redirect(&answer, None);
+    let answer = get(&h, "/ui/runs", Some("keel_session=made-up")).await;
+    assert_login_redirect(&answer, Some("expired"));
+
+    let page = get(&h, "/ui/login?next=%2Fui%2Fdashboard", None).await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("name=\"key\""), "{}", page.body);
+    assert!(
+        page.body.contains("value=\"/ui/dashboard\""),
+        "{}",
+        page.body
+    );
+
+    let wrong = post_form(&h, "/ui/login", None, "key=keel_000000000000_00").await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.cookies.is_empty());
+    assert!(wrong.body.contains("not valid"), "{}", wrong.body);
+
+    // A form from another site cannot log a browser in.
+    let forged = send(
+        browser()
+            .post(h.url("/ui/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("sec-fetch-site", "cross-site")
+            .body(format!("key={a}")),
+    )
+    .await;
+    assert_eq!(forged.status, 403);
+    assert!(forged.cookies.is_empty());
+
+    let session = login(&h, &a).await;
+    let runs = get(&h, "/ui/runs", Some(&session)).await;
+    assert_eq!(runs.status, 200, "{}", runs.body);
+    assert!(runs.content_type.starts_with("text/html"));
+    assert!(
+        runs.body.contains(&format!("href=\"/ui/runs/{ta}\"")),
+        "{}",
+        runs.body
+    );
+    assert!(!runs.body.contains(&tb), "beta's thread on alpha's page");
+    assert!(!runs.body.contains("alpha."), "store ids are not shown");
+    let run = get(&h, &format!("/ui/runs/{ta}"), Some(&session)).await;
+    assert_eq!(run.status, 200, "{}", run.body);
+    assert!(
+        run.body.contains(&format!("id=\"thread-id\">{ta}<")),
+        "the client id: {}",
+        run.body
+    );
+    assert!(!run.body.contains(&format!("alpha.{ta}")), "{}", run.body);
+    let dashboard = get(&h, "/ui/dashboard", Some(&session)).await;
+    assert_eq!(dashboard.status, 200, "{}", dashboard.body);
+    let css = get(&h, "/ui/assets/ui.css", Some(&session)).await;
+    assert_eq!(css.status, 200);
+
+    // Over TLS (a proxy saying so) the cookie is also `Secure`.
+    let tls = send(
+        browser()
+            .post(h.url("/ui/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-forwarded-proto", "https")
+            .body(format!("key={b}")),
+    )
+    .await;
+    assert_eq!(tls.status, 303);
+    assert!(tls.cookies[0].contains("; Secure"), "{:?}", tls.cookies);
+
+    let out = post_form(&h, "/ui/logout", Some(&session), "").await;
+    assert_eq!(out.status, 303);
+    assert!(out.cookies[0].contains("Max-Age=0"), "{:?}", out.cookies);
+    let answer = get(&h, "/ui/runs", Some(&session)).await;
+    assert_login_redirect(&answer, Some("expired"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_keys_session_is_refused() {
+    let h = Harness::start(Backend::Sqlite, json!({"turns": [{"text": "hello"}]}), "").await;
+    let created = keys::create(h.store.serving.as_ref(), "alpha", None)
+        .await
+        .unwrap();
+    let session = login(&h, &created.key).await;
+    assert_eq!(get(&h, "/ui/runs", Some(&session)).await.status, 200);
+    assert!(
+        keys::revoke(h.store.serving.as_ref(), &created.info.key_id)
+            .await
+            .unwrap()
+    );
+    let answer = get(&h, "/ui/runs", Some(&session)).await;
+    assert_login_redirect(&answer, Some("revoked"));
+    assert!(
+        answer.cookies[0].contains("Max-Age=0"),
+        "{:?}",
+        answer.cookies
+    );
+    // The session is gone, and the key cannot open another.
+    assert_login_redirect(&get(&h, "/ui/runs", Some(&session)).await, Some("expired"));
+    let again = post_form(&h, "/ui/login", None, &format!("key={}", created.key)).await;
+    assert_eq!(again.status, 401);
+    h.stop().await;
+}
+
+/// A paused run of tenant alpha: (harness, alpha's key, thread, run, call).
+async fn paused_run() -> (Harness, String, String, String, String) {
+    let script = json!({"turns": [
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+        {"text": "42"}
+    ]});
+    let h = Harness::start(Backend::Sqlite, script, "").await;
+    let a = h.key("alpha").await;
+    let (thread, run, answer) = chat(&h, &a, "6*7?").await;
+    assert_eq!(answer["status"], "awaiting_approval", "{answer}");
+    let call = answer["awaiting"]["call_id"].as_str().unwrap().to_string();
+    (h, a, thread, run, call)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_run_is_not_found_on_every_page_and_action() {
+    let (h, a, ta, run, call) = paused_run().await;
+    let b = h.key("beta").await;
+    let alpha = login(&h, &a).await;
+    let beta = login(&h, &b).await;
+
+    let page = get(&h, &format!("/ui/runs/{ta}"), Some(&alpha)).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let marker = format!("/ui/runs/{ta}/spans/");
+    let start = page.body.find(&marker).expect("a span link") + marker.len();
+    let span: String = page.body[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let span_path = format!("/ui/runs/{ta}/spans/{span}");
+    assert_eq!(get(&h, &span_path, Some(&alpha)).await.status, 200);
+    let live = get(&h, &format!("/ui/runs/{ta}/live"), Some(&alpha)).await;
+    assert_eq!(live.status, 200);
+    assert!(live.content_type.starts_with("text/event-stream"));
+
+    for id in [ta.clone(), format!("alpha.{ta}")] {
+        for path in [
+            format!("/ui/runs/{id}"),
+            format!("/ui/runs/{id}/spans/{span}"),
+            format!("/ui/runs/{id}/live"),
+            format!("/ui/runs/{id}/live?after=0"),
+        ] {
+            let answer = get(&h, &path, Some(&beta)).await;
+            assert_eq!(answer.status, 404, "GET {path}: {}", answer.body);
+            assert!(answer.body.contains("Not found"), "{}", answer.body);
+        }
+        for (action, form) in [
+            ("approve", format!("call_id={call}")),
+            ("deny", format!("call_id={call}&reason=no")),
+            ("fork", "at_seq=1".to_string()),
+        ] {
+            let path = format!("/ui/runs/{id}/{action}");
+            let answer = post_form(&h, &path, Some(&beta), &form).await;
+            assert_eq!(answer.status, 404, "POST {path}: {}", answer.body);
+        }
+    }
+    let runs = get(&h, "/ui/runs", Some(&beta)).await;
+    assert!(!runs.body.contains(&ta), "{}", runs.body);
+
+    // Nothing of beta's touched alpha's run: it still waits, and alpha has one thread.
+    let (_, _, status) = h
+        .send("GET", &format!("/v1/threads/{ta}/runs/{run}"), &a, None)
+        .await;
+    assert_eq!(status["status"], "awaiting_approval", "{status}");
+    let (_, _, threads) = h.send("GET", "/v1/threads", &a, None).await;
+    assert_eq!(threads["threads"].as_array().unwrap().len(), 1, "{threads}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approving_from_the_ui_finishes_the_run_on_a_worker() {
+    let (h, a, ta, run, call) = paused_run().await;
+    let session = login(&h, &a).await;
+    let page = get(&h, &format!("/ui/runs/{ta}"), Some(&session)).await;
+    assert!(
+        page.body
+            .contains(&format!("action=\"/ui/runs/{ta}/approve\"")),
+        "{}",
+        page.body
+    );
+
+    // keel-ui's refusal of cross-site posts holds under /ui.
+    let forged = send(
+        browser()
+            .post(h.url(&format!("/ui/runs/{ta}/approve")))
+            .header("cookie", session.clone())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("sec-fetch-site", "cross-site")
+            .body(format!("call_id={call}")),
+    )
+    .await;
+    assert_eq!(forged.status, 403, "{}", forged.body);
+
+    let approved = post_form(
+        &h,
+        &format!("/ui/runs/{ta}/approve"),
+        Some(&session),
+        &format!("call_id={call}"),
+    )
+    .await;
+    assert_eq!(approved.status, 303, "{}", approved.body);
+    assert_eq!(approved.location, format!("/ui/runs/{ta}"));
+
+    let ended = h.wait_run(&a, &ta, &run).await;
+    assert_eq!(ended["end_state"], "done", "{ended}");
+    assert_eq!(ended["final_text"], "42", "{ended}");
+    // The chat's job and the continuation's: the run went on on a worker.
+    h.wait_jobs_done(2).await;
+
+    let start = Instant::now();
+    loop {
+        let page = get(&h, &format!("/ui/runs/{ta}"), Some(&session)).await;
+        if page.body.contains("on a worker") {
+            assert!(page.body.contains("done"), "{}", page.body);
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{}", page.body);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answering_a_question_from_the_ui_starts_the_next_run_on_a_worker() {
+    let script = json!({"turns": [
+        {"tool_calls": [{"name": "ask_user", "arguments": {"question": "Which city?"}}]},
+        {"text": "Booked in Paris."}
+    ]});
+    let h = Harness::start(Backend::Sqlite, script, "").await;
+    let a = h.key("alpha").await;
+    let (thread, run, _) = chat(&h, &a, "book a table").await;
+    // The chat may answer as soon as the question is asked; the run then ends
+    // clarify_needed (a worker has no one to ask).
+    let ended = h.wait_run(&a, &thread, &run).await;
+    assert_eq!(ended["end_state"], "clarify_needed", "{ended}");
+    let session = login(&h, &a).await;
+    let page = get(&h, &format!("/ui/runs/{thread}"), Some(&session)).await;
+    assert!(page.body.contains("Which city?"), "{}", page.body);
+    assert!(
+        page.body
+            .contains(&format!("action=\"/ui/runs/{thread}/reply\"")),
+        "{}",
+        page.body
+    );
+    // Eval results belong to no tenant: no eval pages under /ui.
+    assert!(!page.body.contains("nav-evals"), "{}", page.body);
+    assert_eq!(get(&h, "/ui/evals", Some(&session)).await.status, 404);
+
+    let sent = post_form(
+        &h,
+        &format!("/ui/runs/{thread}/reply"),
+        Some(&session),
+        "answer=Paris",
+    )
+    .await;
+    assert_eq!(sent.status, 303, "{}", sent.body);
+    assert_eq!(sent.location, format!("/ui/runs/{thread}"));
+    // The chat's job and the next run's: the answer started a run on a worker.
+    h.wait_jobs_done(2).await;
+    let events = h.events(&a, &thread).await;
+    let ends: Vec<String> = events
+        .iter()
+        .filter(|e| e.to_string().contains("\"run_ended\""))
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(ends.len(), 2, "{events:#?}");
+    assert!(
+        ends[1].contains("\"done\"") && ends[1].contains("Booked in Paris."),
+        "{}",
+        ends[1]
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.to_string().contains("\"user_message\"") && e.to_string().contains("Paris")),
+        "{events:#?}"
+    );
+    h.stop().await;
+}
