@@ -149,6 +149,11 @@ impl App {
         &*self.env
     }
 
+    /// The environment lookup, shared (for what outlives a borrow of the application).
+    pub fn shared_env(&self) -> Env {
+        Arc::clone(&self.env)
+    }
+
     /// The store URL: `flag` > `KEEL_STORE` > keel.toml `[store] url` > the default.
     pub fn store_url(&self, flag: Option<&str>) -> (String, StoreOrigin) {
         store::store_url(flag, self.env()(STORE_ENV), &self.config().store.url)

@@ -61,6 +61,13 @@ pub struct Recipe {
     /// worker that takes the job over finds the job's own run by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission: Option<String>,
+    /// The `keel serve` tenant the run belongs to (set by the server when it queues the
+    /// run; not a CLI flag). Whichever process drives the run — the server's embedded
+    /// workers, a `keel worker`, `keel resume` — resolves its tools' credentials from that
+    /// tenant's `[server.tenants.<tenant>.credentials]` only, never from its own
+    /// environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A recipe's agent, built.

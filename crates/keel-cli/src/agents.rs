@@ -229,8 +229,17 @@ impl RecipeExt for AgentSpec {
         context
     }
 
+    /// A run of a `keel serve` tenant (a server job leased by `keel worker`, a server
+    /// thread resumed here) resolves its tools' credentials from that tenant's
+    /// `[server.tenants.<tenant>.credentials]` only, never from this process's environment.
     fn base_context(&self, built: &Built, store: Arc<dyn EventStore>) -> RunContext {
-        app().run_context(store, self.approve, built.approve)
+        let context = app().run_context(store, self.approve, built.approve);
+        match &self.tenant {
+            Some(tenant) => context.with_credentials(Arc::new(
+                keel_server::credentials::Credentials::of_app(app()).for_tenant(tenant),
+            )),
+            None => context,
+        }
     }
 }
 

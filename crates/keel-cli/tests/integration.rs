@@ -29,6 +29,7 @@ mod resume_failed;
 mod resume_recorded;
 mod run_cli;
 mod serve_shutdown;
+mod serve_worker_credentials;
 mod surfaces_cli;
 mod worker_queue;
 mod workflow_crash;

@@ -54,7 +54,7 @@ requests_per_minute = 0
 }
 
 /// A child process killed when dropped (a failing test leaves no server behind).
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -64,7 +64,7 @@ impl Drop for Proc {
 }
 
 /// `keel serve` on a free port; its base URL from the banner.
-fn serve(dir: &Path, store: &str, name: &str) -> (Proc, String) {
+pub(crate) fn serve(dir: &Path, store: &str, name: &str) -> (Proc, String) {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args(["serve", "--bind", "127.0.0.1:0", "--store", store])
@@ -97,7 +97,7 @@ fn serve(dir: &Path, store: &str, name: &str) -> (Proc, String) {
 }
 
 /// One HTTP/1.1 POST of JSON; the status and the body.
-async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, String) {
+pub(crate) async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, String) {
     let address = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let body = body.to_string();
@@ -122,7 +122,7 @@ async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, String) 
 }
 
 /// A store in a throw-away schema, and the `--store` URL that reaches it.
-async fn schema_store() -> (PostgresStore, String) {
+pub(crate) async fn schema_store() -> (PostgresStore, String) {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!("DATABASE_URL is not set: this test needs PostgreSQL (e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/test; scripts/test sets it when the local server runs)")
     });
@@ -145,7 +145,7 @@ async fn schema_store() -> (PostgresStore, String) {
     )
 }
 
-fn log_of(dir: &Path, name: &str) -> String {
+pub(crate) fn log_of(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
 }
 

@@ -62,6 +62,17 @@ impl Credentials {
         }
     }
 
+    /// The entries of `app`'s keel.toml, read through its environment and relative to
+    /// keel.toml's directory: what `keel serve` uses, and what a `keel worker` or `keel
+    /// resume` driving a server run uses for the run's tenant.
+    pub fn of_app(app: &keel_app::App) -> Self {
+        Self::new(
+            &app.config().server,
+            app.shared_env(),
+            &app.loaded().base_dir,
+        )
+    }
+
     /// The credential source of `tenant`'s runs.
     pub fn for_tenant(&self, tenant: &str) -> TenantCredentials {
         TenantCredentials {
@@ -73,8 +84,7 @@ impl Credentials {
     /// The credential source of the runs on store thread `thread_id` (`<tenant>.<client
     /// id>`; a thread id without a tenant prefix gets a source that has nothing).
     pub fn for_thread(&self, thread_id: &str) -> TenantCredentials {
-        let tenant = thread_id.split_once('.').map_or("", |(tenant, _)| tenant);
-        self.for_tenant(tenant)
+        self.for_tenant(crate::tenancy::tenant_of(thread_id).unwrap_or(""))
     }
 }
 

@@ -64,6 +64,10 @@ pub async fn enqueue_new_as(
     submission: String,
 ) -> Result<Queued, String> {
     let base_seq = thread.state().next_seq();
+    // Recorded with the run, so any process that drives it (a `keel worker` too) gives
+    // its tools this tenant's credentials.
+    let mut recipe = recipe;
+    recipe.tenant = crate::tenancy::tenant_of(thread.id()).map(str::to_string);
     let payload = JobPayload {
         agent: recipe,
         message,

@@ -95,14 +95,8 @@ impl Server {
             return Err(ServerError::Config(problems));
         }
         // Each tenant's tool credentials, read through the application's environment.
-        let credentials = crate::credentials::Credentials::new(
-            &config,
-            Arc::new({
-                let app = app.clone();
-                move |name: &str| app.env()(name)
-            }),
-            &app.loaded().base_dir,
-        );
+        let credentials =
+            crate::credentials::Credentials::new(&config, app.shared_env(), &app.loaded().base_dir);
         let hub = Arc::new(Hub::new());
         let usage = Arc::new(Usage::default());
         let state: AppState = Arc::new(Shared {

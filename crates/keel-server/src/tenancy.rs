@@ -57,6 +57,14 @@ impl Tenant {
     }
 }
 
+/// The tenant of store thread id `store_id` (`<tenant>.<client id>`), if it has one.
+pub fn tenant_of(store_id: &str) -> Option<&str> {
+    store_id
+        .split_once('.')
+        .map(|(tenant, _)| tenant)
+        .filter(|tenant| !tenant.is_empty())
+}
+
 /// A client thread id: 1 to 128 ASCII letters, digits, `_` or `-`.
 pub fn check_client_id(id: &str) -> Result<(), String> {
     let ok = !id.is_empty()
