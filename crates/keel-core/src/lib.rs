@@ -26,6 +26,7 @@ pub mod paging;
 pub mod planner;
 pub mod policy;
 pub mod registry;
+pub mod run_metrics;
 pub mod runs;
 pub mod state;
 pub mod store;

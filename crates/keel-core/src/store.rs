@@ -228,6 +228,16 @@ pub trait EventStore: Send + Sync {
         crate::runs::list_runs_by_folding(self, query).await
     }
 
+    /// The metrics facts of every run of the threads `query` lets through (for a dashboard
+    /// or `keel stats`, see [`crate::run_metrics`]). This default folds the log of each
+    /// (right for the memory store); the SQL stores answer from their run index.
+    async fn run_facts(
+        &self,
+        query: &crate::run_metrics::FactsQuery,
+    ) -> Result<crate::run_metrics::FactsPage, StoreError> {
+        crate::run_metrics::run_facts_by_folding(self, query).await
+    }
+
     /// Copies events `0..=at_seq` of `source` into a new thread `target`, rewriting their
     /// thread id. Fails with a conflict if `target` already has events.
     async fn fork_thread(

@@ -274,16 +274,12 @@ pub(crate) fn http_model_from_spec(
             url: crate::redact::display_url_text(&raw_base),
         });
     }
-    let mut client = reqwest::Client::builder()
-        .connect_timeout(options.connect_timeout)
-        .read_timeout(options.idle_timeout)
-        .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
-    if loopback_only {
-        client = client.no_proxy();
-    }
-    let client = client
-        .build()
-        .map_err(|e| ProviderConfigError::Client(e.to_string()))?;
+    let client = crate::clients::client(crate::clients::ClientSettings {
+        connect_timeout: options.connect_timeout,
+        idle_timeout: options.idle_timeout,
+        no_proxy: loopback_only,
+    })
+    .map_err(|e| ProviderConfigError::Client(e.to_string()))?;
     let key = api_key.unwrap_or_else(|| SecretString::from(""));
     let protocol: Box<dyn Protocol> = match provider {
         "anthropic" => Box::new(Anthropic {

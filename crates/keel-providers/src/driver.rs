@@ -336,6 +336,10 @@ impl HttpModel {
                                     {
                                         yield Ok(StreamEvent::Cost(cost));
                                     }
+                                    // What follows the answer (`[DONE]`, the body's end)
+                                    // is read in the background, so the connection goes
+                                    // back to the pool instead of being closed.
+                                    release_connection(bytes).await;
                                     yield Ok(event);
                                     return;
                                 }
@@ -404,4 +408,41 @@ impl HttpModel {
             }
         })
     }
+}
+
+/// Longest a finished answer's remaining body is read for its connection's reuse.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Longest the caller waits for the body's end after the answer's last event (servers end
+/// the body right after it: this passes in microseconds; only a server that keeps the
+/// body open after its final event makes the rest go to a task of its own).
+const DRAIN_INLINE: Duration = Duration::from_secs(1);
+
+/// Reads what is left of a response body whose answer is complete (a trailing `[DONE]`,
+/// the chunked body's end): hyper returns a connection to the pool only once its response
+/// was read to the end, so the next call (of this run or of any model with the same
+/// client settings, see [`crate::clients`]) reuses it instead of opening a new one. The
+/// end is awaited here, at most [`DRAIN_INLINE`] and only while nothing else arrives;
+/// anything more is read on a task of its own, at most [`DRAIN_LIMIT`] and 1 MiB.
+async fn release_connection<S>(mut rest: S)
+where
+    S: futures::Stream<Item = Result<Bytes, reqwest::Error>> + Send + Unpin + 'static,
+{
+    const MAX_BYTES: usize = 1 << 20;
+    if let Ok(None | Some(Err(_))) = tokio::time::timeout(DRAIN_INLINE, rest.next()).await {
+        // The body ended (the connection is back in the pool) or broke (it is closed).
+        return;
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
+            let mut read = 0usize;
+            while let Some(Ok(chunk)) = rest.next().await {
+                read = read.saturating_add(chunk.len());
+                if read > MAX_BYTES {
+                    break;
+                }
+            }
+        })
+        .await;
+    });
 }

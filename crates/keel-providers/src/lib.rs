@@ -14,6 +14,7 @@
 //! `KEEL_TEST_MODE=1`) is set.
 
 mod anthropic;
+mod clients;
 mod config;
 mod driver;
 pub mod errors;

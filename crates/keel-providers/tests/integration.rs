@@ -5,6 +5,7 @@
 mod common;
 
 mod config;
+mod connections;
 mod framing_props;
 mod limits;
 mod providers;

@@ -42,7 +42,9 @@
 //! - The runs list (`EventStore::list_runs`: filters, sorting, keyset pages) is answered
 //!   from an index of each thread's run statistics and searchable text (`run_index`,
 //!   migration `0007`), which the store brings up to date before each listing from the
-//!   events threads gained since — never on the append path.
+//!   events threads gained since — never on the append path. The same rows hold each
+//!   thread's metrics facts (`EventStore::run_facts`, migration `0008`), from which the
+//!   web UI's dashboard computes `keel stats`' figures without reading a log.
 //! - Schemas are embedded migrations (`migrations/sqlite`, `migrations/postgres`) applied
 //!   on open.
 

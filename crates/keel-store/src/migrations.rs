@@ -30,6 +30,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0005_eval_results.sql",
     "0006_serving.sql",
     "0007_run_index.sql",
+    "0008_run_metrics.sql",
 );
 
 /// `migrations/postgres`, in order.
@@ -41,6 +42,7 @@ pub(crate) const POSTGRES: &[MigrationFile] = migration_files!("postgres":
     "0005_eval_results.sql",
     "0006_serving.sql",
     "0007_run_index.sql",
+    "0008_run_metrics.sql",
 );
 
 /// The migrator of one backend's files.

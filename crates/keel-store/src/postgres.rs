@@ -398,6 +398,13 @@ impl EventStore for PostgresStore {
         crate::run_index::postgres::list_runs(self, query).await
     }
 
+    async fn run_facts(
+        &self,
+        query: &keel_core::run_metrics::FactsQuery,
+    ) -> Result<keel_core::run_metrics::FactsPage, StoreError> {
+        crate::run_index::postgres::run_facts(self, query).await
+    }
+
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query("DELETE FROM events WHERE thread_id = $1")

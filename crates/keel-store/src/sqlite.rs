@@ -396,6 +396,13 @@ impl EventStore for SqliteStore {
         crate::run_index::sqlite::list_runs(self, query).await
     }
 
+    async fn run_facts(
+        &self,
+        query: &keel_core::run_metrics::FactsQuery,
+    ) -> Result<keel_core::run_metrics::FactsPage, StoreError> {
+        crate::run_index::sqlite::run_facts(self, query).await
+    }
+
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
         let thread = thread_id.to_string();
         self.writer

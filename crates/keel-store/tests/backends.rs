@@ -456,3 +456,41 @@ fn test_path(name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// Postgres: index rows without current metrics facts — indexed before migration `0008`,
+/// or moved on by a build without it — are folded again from the first event, so
+/// `run_facts` equals the fold of every log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rows_without_current_facts_are_folded_again() {
+    use keel_core::run_metrics::{FactsQuery, run_facts_by_folding};
+    use keel_core::runs::RunQuery;
+    use keel_store::conformance::fixtures::rich_log;
+    let schema = format!("keel_test_{}", uuid::Uuid::new_v4().simple());
+    let store = PostgresStore::connect_with(PostgresOptions::new(database_url()).schema(schema))
+        .await
+        .unwrap();
+    for i in 0..6 {
+        let id = format!("thr_{i}");
+        store.append(&id, 0, &rich_log(&id)).await.unwrap();
+    }
+    store.list_runs(&RunQuery::default()).await.unwrap();
+    sqlx::query(
+        "UPDATE run_index SET facts = NULL, fold_state = NULL, facts_count = NULL \
+         WHERE thread_id < 'thr_3'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE run_index SET facts = '[]', facts_count = indexed_count - 1 \
+         WHERE thread_id >= 'thr_3'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let query = FactsQuery::default();
+    let page = store.run_facts(&query).await.unwrap();
+    assert_eq!(page.threads.len(), 6);
+    assert_eq!(page, run_facts_by_folding(&store, &query).await.unwrap());
+    assert!(page.threads.iter().all(|t| !t.runs[0].answers.is_empty()));
+}

@@ -142,6 +142,7 @@ event_cases!(
     list_runs_figures_and_filters,
     list_runs_sorted_pages,
     list_runs_follows_the_log,
+    run_facts_follow_the_log,
 );
 
 queue_cases!(
@@ -158,7 +159,7 @@ queue_cases!(
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
-    assert_eq!(conformance::EVENT_CASES.len(), 19);
+    assert_eq!(conformance::EVENT_CASES.len(), 20);
     assert_eq!(conformance::QUEUE_CASES.len(), 8);
 }
 

@@ -35,7 +35,8 @@ pub use error::TelemetryError;
 pub use export::{OtlpSpanExporter, to_span_data};
 pub use logging::{LogGuard, build_subscriber, init_logging};
 pub use metrics::{
-    MetricsOptions, MetricsReport, compute_metrics, render_prometheus, render_summary,
+    MetricsOptions, MetricsReport, compute_metrics, metrics_from_facts, render_prometheus,
+    render_summary,
 };
 pub use otel_metrics::GenAiMetrics;
 pub use redact::Redactor;

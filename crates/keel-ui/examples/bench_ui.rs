@@ -14,9 +14,10 @@
 //! port, and times pages over real HTTP (reqwest, one request at a time): the first
 //! listing (which builds the store's runs index from the whole log), then REQUESTS times
 //! each of the runs page (first page, filtered, searched, sorted, a deep page), its live
-//! refresh, the 500-span run page and one of its span details (and the dashboard, 3
-//! times); then a listing after 100 new runs (the index catching up). Median, p95 and
-//! max per page.
+//! refresh, the 500-span run page and one of its span details and the dashboard (whole
+//! and filtered; it then checks that the dashboard shows `keel stats`' figures, computed
+//! from every log); then a listing after 100 new runs (the index catching up). Median,
+//! p95 and max per page.
 
 #![allow(
     clippy::unwrap_used,
@@ -731,16 +732,39 @@ async fn bench(name: &str, store: Arc<dyn EventStore>, runs: u64, requests: usiz
         .await,
     );
 
-    // The dashboard reads every log of its window (like `keel stats`).
+    // The dashboard combines each run's metrics facts from the run index.
+    figures.push(time_page(&client, &base, "dashboard", "/dashboard", requests).await);
     figures.push(
         time_page(
             &client,
             &base,
-            "dashboard (every run's log)",
-            "/dashboard",
-            3,
+            "dashboard, filtered: agent=triage, from=7d",
+            "/dashboard?agent=triage&from=7d",
+            requests,
         )
         .await,
+    );
+    // Its figures are `keel stats`': the report over every log, read once here.
+    let (_, html) = fetch(&client, &format!("{base}/dashboard")).await;
+    let mut events = Vec::new();
+    for thread in store.list_threads(&Default::default()).await.unwrap() {
+        events.extend(store.load(&thread.thread_id).await.unwrap());
+    }
+    let stats = keel_telemetry::render_summary(&keel_telemetry::compute_metrics(
+        &events,
+        &keel_telemetry::MetricsOptions::default(),
+    ));
+    let missing: Vec<&str> = stats
+        .lines()
+        .filter(|line| !line.is_empty() && !html.contains(line))
+        .collect();
+    eprintln!(
+        "bench-ui: the dashboard shows keel stats' figures: {}",
+        if missing.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("NO, missing {missing:?}")
+        }
     );
 
     // The index catching up: 100 new runs, then one listing.

@@ -1,17 +1,19 @@
 //! The dashboard: the figures of `keel stats` — turn survival, step success, repair
 //! success and mean retries, p95 tool latency per tool, the error taxonomy, end states —
-//! plus cost per day, all computed by [`keel_telemetry::compute_metrics`] (cost per day:
-//! the same function over each day's runs, a run counted on the day it started) and drawn
-//! as inline SVG.
+//! plus cost per day, drawn as inline SVG. They are combined by
+//! [`keel_telemetry::metrics_from_facts`] from each run's metrics facts, which the store
+//! keeps ([`keel_core::EventStore::run_facts`]; no log is read): the report
+//! [`keel_telemetry::compute_metrics`] (`keel stats`) gives over the same runs' events.
+//! Cost per day is the same combination over each day's runs, a run counted on the day it
+//! started.
 
 use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{RawQuery, State};
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{NaiveDate, Utc};
-use keel_core::Event;
-use keel_core::store::ThreadFilter;
-use keel_telemetry::{MetricsOptions, MetricsReport, compute_metrics, render_summary};
+use keel_core::run_metrics::{FactsQuery, RunFacts};
+use keel_telemetry::{MetricsOptions, MetricsReport, metrics_from_facts, render_summary};
 use maud::{Markup, html};
 
 use crate::Ui;
@@ -25,14 +27,14 @@ const COST_DAYS: usize = 30;
 struct Query {
     agent: Option<String>,
     from_text: String,
-    filter: ThreadFilter,
+    filter: FactsQuery,
 }
 
 fn parse(query: Option<&str>) -> Result<Query, UiError> {
     let mut out = Query {
         agent: None,
         from_text: String::new(),
-        filter: ThreadFilter::default(),
+        filter: FactsQuery::default(),
     };
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         let value = value.trim();
@@ -40,7 +42,7 @@ fn parse(query: Option<&str>) -> Result<Query, UiError> {
             "agent" => out.agent = (!value.is_empty()).then(|| value.to_string()),
             "from" => {
                 if !value.is_empty() {
-                    out.filter.updated_since = Some(
+                    out.filter.active_since = Some(
                         keel_app::threads::parse_since(value, Utc::now())
                             .map_err(|e| UiError::bad_input("from", e))?,
                     );
@@ -65,27 +67,26 @@ pub(crate) async fn page(
     RawQuery(query): RawQuery,
 ) -> Result<Response, UiError> {
     let query = parse(query.as_deref())?;
-    let mut days: BTreeMap<NaiveDate, Vec<Event>> = BTreeMap::new();
-    let mut run_day: HashMap<String, NaiveDate> = HashMap::new();
-    ui.source
-        .for_each_log(&query.filter, |events| {
-            for event in events {
-                let day = *run_day
-                    .entry(event.run_id.clone())
-                    .or_insert_with(|| event.ts.date_naive());
-                days.entry(day).or_default().push(event);
-            }
-        })
-        .await?;
+    let facts = ui.source.facts(query.filter.clone()).await?;
+    // Each run's segments on the day the run started (its first segment read), in the
+    // order `keel stats` reads their events: by day, then thread by thread.
+    let mut days: BTreeMap<NaiveDate, Vec<&RunFacts>> = BTreeMap::new();
+    let mut run_day: HashMap<&str, NaiveDate> = HashMap::new();
+    for segment in facts.threads.iter().flat_map(|thread| &thread.runs) {
+        let day = *run_day
+            .entry(segment.run_id.as_str())
+            .or_insert_with(|| segment.started_at.date_naive());
+        days.entry(day).or_default().push(segment);
+    }
     let options = MetricsOptions::default();
-    let report = compute_metrics(days.values().flatten(), &options);
+    let report = metrics_from_facts(days.values().flatten().copied(), &options);
     let cost_per_day: Vec<(NaiveDate, f64, u64)> = days
         .iter()
         .rev()
         .take(COST_DAYS)
         .rev()
-        .map(|(day, events)| {
-            let r = compute_metrics(events, &options);
+        .map(|(day, segments)| {
+            let r = metrics_from_facts(segments.iter().copied(), &options);
             (*day, r.models.values().map(|m| m.cost_usd).sum(), r.runs)
         })
         .collect();
@@ -95,6 +96,11 @@ pub(crate) async fn page(
             label { "Agent" input type="text" name="agent" value=(query.agent.as_deref().unwrap_or("")); }
             label { "From" input type="text" name="from" placeholder="7d or RFC 3339" value=(query.from_text); }
             button type="submit" class="primary" { "Apply" }
+        }
+        @if facts.unindexed > 0 {
+            p class="notice" id="indexing-notice" {
+                "The store is indexing its runs: " (facts.unindexed) " not yet included below. Reload in a moment."
+            }
         }
         (cards(&report))
         div class="charts" {

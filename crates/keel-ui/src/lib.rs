@@ -1,10 +1,11 @@
 //! Keel's web UI: server-rendered pages over an event store — the runs list (filters,
 //! sorting, pagination, live rows), a run's span waterfall (details on click, live over
 //! server-sent events, approve/deny of a paused call, answers to the agent's questions,
-//! fork from a turn), the metrics dashboard (the figures of `keel stats`, computed by the
-//! same [`keel_telemetry::compute_metrics`], drawn as inline SVG) and the eval pages (the
-//! runs `keel eval run` saved, a run's scenarios × trials grid, its comparison with a
-//! baseline).
+//! fork from a turn), the metrics dashboard (the figures of `keel stats`, combined by
+//! [`keel_telemetry::metrics_from_facts`] from the runs' metrics facts the store keeps —
+//! the second half of [`keel_telemetry::compute_metrics`] — drawn as inline SVG) and the
+//! eval pages (the runs `keel eval run` saved, a run's scenarios × trials grid, its
+//! comparison with a baseline).
 //!
 //! Everything shown passes through a [`keel_telemetry::Redactor`] first, and every value
 //! is HTML-escaped by `maud`. Every asset (one stylesheet, one small script) is compiled

@@ -3,13 +3,15 @@
 //! list ([`EventStore::list_runs`]: filtered, sorted and paged by the store, which for
 //! SQLite and Postgres answers from its index without reading every log); only a text
 //! search loads logs, those of the page's rows, to check each hit against the redacted
-//! text.
+//! text. The dashboard is one call too ([`EventStore::run_facts`]: the metrics facts of
+//! each run, which the SQL stores keep in the same index).
 
 use std::sync::Arc;
 
 use futures::StreamExt;
+use keel_core::run_metrics::{FactsPage, FactsQuery};
 use keel_core::runs::{RunCursor, RunQuery, RunSummary};
-use keel_core::store::{StoreError, ThreadFilter};
+use keel_core::store::StoreError;
 use keel_core::{Event, EventStore};
 use keel_telemetry::Redactor;
 
@@ -217,30 +219,19 @@ impl RunSource {
         run
     }
 
-    /// The logs of every visible thread matching `filter` (for the dashboard, like
-    /// `keel stats`), thread by thread.
-    pub(crate) async fn for_each_log(
-        &self,
-        filter: &ThreadFilter,
-        mut each: impl FnMut(Vec<Event>),
-    ) -> Result<(), UiError> {
-        let threads = self
+    /// The metrics facts of every visible thread `query` lets through (for the dashboard,
+    /// like `keel stats`), in `list_threads`' order; `query.thread_prefix` is set to the
+    /// scope's.
+    pub(crate) async fn facts(&self, mut query: FactsQuery) -> Result<FactsPage, UiError> {
+        query.thread_prefix = self.thread_prefix();
+        let mut page = self
             .store
-            .list_threads(filter)
+            .run_facts(&query)
             .await
             .map_err(|e| self.store_error(e))?;
-        for summary in threads {
-            if !self.scope.allows(&summary.thread_id) {
-                continue;
-            }
-            let events = self
-                .store
-                .load(&summary.thread_id)
-                .await
-                .map_err(|e| self.store_error(e))?;
-            each(events);
-        }
-        Ok(())
+        page.threads
+            .retain(|thread| self.scope.allows(&thread.thread_id));
+        Ok(page)
     }
 }
 

@@ -27,7 +27,10 @@ pub use queue::{
     queue_expired_lease_taken_over, queue_invalid_arguments, queue_one_job_per_message_in_order,
     queue_release, queue_retry_later_and_fail, queue_thread_jobs_serialized_under_concurrency,
 };
-pub use runs::{list_runs_figures_and_filters, list_runs_follows_the_log, list_runs_sorted_pages};
+pub use runs::{
+    list_runs_figures_and_filters, list_runs_follows_the_log, list_runs_sorted_pages,
+    run_facts_follow_the_log,
+};
 
 /// A failed conformance check.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -92,6 +95,7 @@ pub const EVENT_CASES: &[&str] = &[
     "list_runs_figures_and_filters",
     "list_runs_sorted_pages",
     "list_runs_follows_the_log",
+    "run_facts_follow_the_log",
 ];
 
 /// Runs one event-store case by name.
@@ -119,6 +123,7 @@ pub async fn run_event_case(
         "list_runs_figures_and_filters" => list_runs_figures_and_filters(store).await,
         "list_runs_sorted_pages" => list_runs_sorted_pages(store).await,
         "list_runs_follows_the_log" => list_runs_follows_the_log(store).await,
+        "run_facts_follow_the_log" => run_facts_follow_the_log(store).await,
         other => Err(fail("run_event_case", format!("unknown case {other:?}"))),
     }
 }

@@ -1,12 +1,14 @@
 //! Conformance cases of [`EventStore::list_runs`]: the figures of every row, each filter,
 //! each order walked page by page (equal to a full sort of the seeded threads), and an
-//! index that follows appends, forks and deletes.
+//! index that follows appends, forks and deletes; and of [`EventStore::run_facts`]: the
+//! metrics facts of each thread equal the fold of its log, through the same changes.
 
 use std::sync::Arc;
 
 use keel_core::event::{Event, EventKind};
 use keel_core::model::StopReason;
 use keel_core::outcome::{ToolErrorCode, ToolOutcome, ToolResultKind};
+use keel_core::run_metrics::{FactsQuery, run_facts_by_folding};
 use keel_core::runs::{RunQuery, RunSort, RunSummary};
 use keel_core::store::{EventStore, StoreError, ThreadStatus};
 use keel_core::{EndState, Message, ToolResult, Usage};
@@ -665,5 +667,109 @@ pub async fn list_runs_follows_the_log(store: Arc<dyn EventStore>) -> Result<(),
     )
     .await?;
     ensure_eq(CASE, "old r1's text is gone", ids(&old_text), vec![])?;
+    Ok(())
+}
+
+/// [`EventStore::run_facts`] equals the fold of every listed thread's log, in
+/// `list_threads`' order, for each filter.
+async fn facts_match_the_logs(
+    case: &'static str,
+    store: &Arc<dyn EventStore>,
+    step: &str,
+) -> Result<(), ConformanceError> {
+    let queries = [
+        FactsQuery::default(),
+        FactsQuery {
+            thread_prefix: Some("acme.".into()),
+            ..FactsQuery::default()
+        },
+        FactsQuery {
+            agent: Some("triage".into()),
+            ..FactsQuery::default()
+        },
+        FactsQuery {
+            active_since: Some(at(2_000)),
+            ..FactsQuery::default()
+        },
+    ];
+    for query in queries {
+        let got = store
+            .run_facts(&query)
+            .await
+            .map_err(|e| fail(case, format!("{step}: run_facts({query:?}): {e}")))?;
+        let expected = run_facts_by_folding(store.as_ref(), &query)
+            .await
+            .map_err(|e| fail(case, format!("{step}: folding the logs: {e}")))?;
+        ensure_eq(case, &format!("{step}: facts of {query:?}"), got, expected)?;
+    }
+    Ok(())
+}
+
+/// The metrics facts follow appends, a fork and a delete, like the runs list.
+pub async fn run_facts_follow_the_log(store: Arc<dyn EventStore>) -> Result<(), ConformanceError> {
+    const CASE: &str = "run_facts_follow_the_log";
+    seed(&store).await?;
+    facts_match_the_logs(CASE, &store, "seeded").await?;
+    let page = store
+        .run_facts(&FactsQuery::default())
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    ensure_eq(CASE, "threads", page.threads.len(), SPECS.len())?;
+    ensure_eq(CASE, "unindexed", page.unindexed, 0)?;
+    // r3 (running) gets a repairable tool failure, its repair, a model call and an end.
+    let mut repair = tool_result("acme.r3", 7, false, "bad input");
+    if let EventKind::ToolCallFinished { result } = &mut repair
+        && let ToolResultKind::Error { code, .. } = &mut result.outcome.result
+    {
+        *code = ToolErrorCode::InvalidInput;
+    }
+    let mut more: Vec<Event> = [repair, tool_result("acme.r3", 8, true, "fixed")]
+        .into_iter()
+        .chain(model_call(4, "openai:gpt-4o-mini", 1_000, 1, Some(0.1)))
+        .enumerate()
+        .map(|(i, kind)| event("acme.r3", 8 + i as u64, 9_000 + i as i64, kind))
+        .collect();
+    let rest = more.split_off(1);
+    store
+        .append("acme.r3", 8, &more)
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    facts_match_the_logs(CASE, &store, "after a failed call").await?;
+    store
+        .append("acme.r3", 9, &rest)
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    let ended = [event("acme.r3", 12, 9_100, run_ended(EndState::Failed))];
+    store
+        .append("acme.r3", 12, &ended)
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    facts_match_the_logs(CASE, &store, "after its repair").await?;
+    // A fork of r1 (the same run id in two threads) and a delete.
+    store
+        .fork_thread("acme.r1", 3, "acme.f1")
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    facts_match_the_logs(CASE, &store, "after a fork").await?;
+    store
+        .delete_thread("acme.r1")
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    facts_match_the_logs(CASE, &store, "after a delete").await?;
+    let reborn = log_of(&Spec {
+        id: "acme.r1",
+        agent: "reborn",
+        model: "mock:small",
+        start_ms: 20_000,
+        user: "a new thread",
+        calls: &[(1, 2, None)],
+        tools: &[(false, "down")],
+        end: Some(EndState::Done),
+    });
+    store
+        .append("acme.r1", 0, &reborn)
+        .await
+        .map_err(|e| fail(CASE, e.to_string()))?;
+    facts_match_the_logs(CASE, &store, "after a new thread of a deleted id").await?;
     Ok(())
 }

@@ -13,6 +13,12 @@
 //! listing after the migration indexes every existing thread, in steps of at most
 //! [`STEP_THREADS`] threads / [`STEP_EVENTS`] events.
 //!
+//! The same rows hold each thread's metrics facts ([`ThreadMetrics`], migration `0008`),
+//! folded alongside, from which [`keel_core::EventStore::run_facts`] answers the
+//! dashboard: one query after the same catch-up, no log read. A row whose facts do not
+//! cover its `indexed_count` (`facts_count`: rows indexed before `0008`, or moved on by a
+//! build without it) is folded again from the thread's first event.
+//!
 //! A listing catches up for at most [`CATCH_UP_BUDGET`]; a store with more to index than
 //! that (a big store's first listing) answers from the threads indexed so far — the page
 //! says how many are not yet ([`keel_core::runs::RunPage::unindexed`]) — and goes on
@@ -33,6 +39,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use keel_core::Event;
+use keel_core::run_metrics::{RunFacts, RunFoldState, ThreadMetrics};
 use keel_core::runs::{RunQuery, RunSort, RunStats, RunSummary, push_search_text};
 use keel_core::store::{StoreError, ThreadStatus};
 
@@ -58,6 +65,44 @@ pub(crate) const TEXT_ROW_BYTES: usize = 1500;
 pub(crate) struct IndexRow {
     pub indexed_count: i64,
     pub stats: RunStats,
+    pub metrics: ThreadMetrics,
+}
+
+/// The metrics columns of a row (`facts`, `fold_state`: JSON).
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsColumns {
+    pub facts: String,
+    pub fold_state: String,
+}
+
+impl MetricsColumns {
+    pub(crate) fn of(metrics: &ThreadMetrics) -> Result<Self, StoreError> {
+        let fail = |e: serde_json::Error| {
+            StoreError::Backend(format!("run index: metrics facts do not serialize: {e}"))
+        };
+        Ok(Self {
+            facts: serde_json::to_string(&metrics.runs).map_err(fail)?,
+            fold_state: serde_json::to_string(&metrics.state).map_err(fail)?,
+        })
+    }
+
+    /// The stored facts and state; `None` when they are missing or do not parse (the row
+    /// is then folded again from the first event).
+    pub(crate) fn read(facts: Option<&str>, fold_state: Option<&str>) -> Option<ThreadMetrics> {
+        let runs: Vec<RunFacts> = serde_json::from_str(facts?).ok()?;
+        let state: std::collections::BTreeMap<String, RunFoldState> =
+            serde_json::from_str(fold_state?).ok()?;
+        Some(ThreadMetrics { runs, state })
+    }
+}
+
+/// The stored `facts` of a thread listed for the dashboard.
+pub(crate) fn read_facts(thread_id: &str, facts: &str) -> Result<Vec<RunFacts>, StoreError> {
+    serde_json::from_str(facts).map_err(|e| {
+        StoreError::Backend(format!(
+            "run index: the metrics facts of thread {thread_id} do not parse: {e}"
+        ))
+    })
 }
 
 /// A thread whose row is behind its log, as the detection query saw it.
@@ -90,6 +135,7 @@ pub(crate) struct Indexed {
     /// Events folded in all (the new `indexed_count`).
     pub indexed_count: i64,
     pub stats: RunStats,
+    pub metrics: ThreadMetrics,
     /// Searchable text of the events from `from_seq`, as `run_text` rows (maybe none).
     pub text: Vec<String>,
 }
@@ -100,7 +146,7 @@ pub(crate) struct Indexed {
 pub(crate) fn fold(stale: Stale, events: &[Event]) -> Option<Indexed> {
     let from_seq = stale.first_seq();
     let restart = stale.base.is_none();
-    let mut stats = stale.base.map(|b| b.stats).unwrap_or_default();
+    let (mut stats, mut metrics) = stale.base.map(|b| (b.stats, b.metrics)).unwrap_or_default();
     let mut text = String::new();
     let mut next = from_seq;
     for event in events {
@@ -108,6 +154,7 @@ pub(crate) fn fold(stale: Stale, events: &[Event]) -> Option<Indexed> {
             break;
         }
         stats.fold(event);
+        metrics.fold(event);
         push_search_text(event, &mut text);
         next = next.saturating_add(1);
     }
@@ -118,6 +165,7 @@ pub(crate) fn fold(stale: Stale, events: &[Event]) -> Option<Indexed> {
         from_seq,
         indexed_count: next,
         stats,
+        metrics,
         text: text_rows(&text),
     })
 }

@@ -7,14 +7,15 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use keel_core::Event;
+use keel_core::run_metrics::{FactsPage, FactsQuery, ThreadFacts};
 use keel_core::runs::{RunPage, RunQuery, SortValue, page_of};
 use keel_core::store::StoreError;
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::{
-    CATCH_UP_BUDGET, IndexRow, Indexed, STEP_EVENTS, STEP_THREADS, Stale, StatsColumns,
-    ThreadColumns, after_operator, background, fold, in_background, no_nul, sort_expression,
-    summary,
+    CATCH_UP_BUDGET, IndexRow, Indexed, MetricsColumns, STEP_EVENTS, STEP_THREADS, Stale,
+    StatsColumns, ThreadColumns, after_operator, background, fold, in_background, no_nul,
+    read_facts, sort_expression, summary,
 };
 use crate::PostgresStore;
 use crate::rows::{backend, parse_event, status_columns, ts_to_ns_saturating};
@@ -26,6 +27,17 @@ pub(crate) async fn list_runs(
     query: &RunQuery,
 ) -> Result<RunPage, StoreError> {
     query.validate()?;
+    let complete = caught_up(store).await?;
+    let mut page = page(store, query).await?;
+    if !complete {
+        page.unindexed = unindexed(store, query.thread_prefix.as_deref()).await?;
+    }
+    Ok(page)
+}
+
+/// Brings the index up to date within [`CATCH_UP_BUDGET`] (the rest left to a background
+/// task); `true` when it is complete.
+async fn caught_up(store: &PostgresStore) -> Result<bool, StoreError> {
     let options = store.pool.connect_options();
     let key = format!(
         "postgres:{}:{}/{}/{}",
@@ -40,11 +52,60 @@ pub(crate) async fn list_runs(
         let store = store.clone();
         background(key, async move { catch_up(&store, None).await.map(|_| ()) });
     }
-    let mut page = page(store, query).await?;
-    if !complete {
-        page.unindexed = unindexed(store, query.thread_prefix.as_deref()).await?;
+    Ok(complete)
+}
+
+/// [`keel_core::EventStore::run_facts`]: the same catch-up as a listing, then one query
+/// over the threads and the facts of their index rows, in `list_threads`' order.
+pub(crate) async fn run_facts(
+    store: &PostgresStore,
+    query: &FactsQuery,
+) -> Result<FactsPage, StoreError> {
+    let complete = caught_up(store).await?;
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "SELECT t.thread_id, r.facts FROM threads t \
+         JOIN run_index r ON r.thread_id = t.thread_id AND r.created_at = t.created_at \
+         WHERE r.facts IS NOT NULL",
+    );
+    if let Some(prefix) = &query.thread_prefix {
+        q.push(" AND starts_with(t.thread_id, ")
+            .push_bind(prefix.clone())
+            .push(")");
     }
-    Ok(page)
+    if let Some(agent) = &query.agent {
+        q.push(" AND t.agent = ").push_bind(agent.clone());
+    }
+    if let Some(since) = query.active_since {
+        q.push(" AND t.updated_at >= ")
+            .push_bind(ts_to_ns_saturating(since));
+    }
+    q.push(" ORDER BY t.updated_at DESC, t.thread_id ASC");
+    let rows: Vec<(String, String)> = q
+        .build_query_as()
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| backend("postgres read run metrics facts", e))?;
+    let mut threads = Vec::with_capacity(rows.len());
+    for (thread_id, facts) in rows {
+        let runs = read_facts(&thread_id, &facts)?;
+        threads.push(ThreadFacts { thread_id, runs });
+    }
+    let unindexed = if complete {
+        0
+    } else {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM threads t LEFT JOIN run_index r \
+             ON r.thread_id = t.thread_id AND r.created_at = t.created_at \
+             WHERE (r.thread_id IS NULL OR r.facts IS NULL) \
+             AND ($1::text IS NULL OR starts_with(t.thread_id, $1))",
+        )
+        .bind(query.thread_prefix.as_deref())
+        .fetch_one(&store.pool)
+        .await
+        .map_err(|e| backend("postgres count threads without facts", e))
+        .map(|n| u64::try_from(n).unwrap_or(0))?
+    };
+    Ok(FactsPage { threads, unindexed })
 }
 
 /// Brings the index up to date, step by step, until nothing is stale (`true`) or the
@@ -93,9 +154,11 @@ async fn unindexed(store: &PostgresStore, prefix: Option<&str>) -> Result<u64, S
 async fn stale(store: &PostgresStore) -> Result<(Vec<Stale>, bool), StoreError> {
     let rows = sqlx::query(
         "SELECT t.thread_id, t.created_at, t.event_count, r.indexed_count, r.created_at AS indexed_created, \
-         r.runs, r.turns, r.tool_calls, r.tool_errors, r.tokens, r.cost, r.model, r.models, r.goal, r.trace_id \
+         r.runs, r.turns, r.tool_calls, r.tool_errors, r.tokens, r.cost, r.model, r.models, r.goal, r.trace_id, \
+         r.facts, r.fold_state, r.facts_count \
          FROM threads t LEFT JOIN run_index r ON r.thread_id = t.thread_id \
          WHERE r.thread_id IS NULL OR r.created_at <> t.created_at OR r.indexed_count <> t.event_count \
+         OR r.facts_count IS DISTINCT FROM r.indexed_count \
          LIMIT $1",
     )
     .bind(i64::try_from(STEP_THREADS).unwrap_or(i64::MAX))
@@ -116,8 +179,18 @@ async fn stale(store: &PostgresStore) -> Result<(Vec<Stale>, bool), StoreError> 
         let count: i64 = row.try_get("event_count").map_err(decode)?;
         let indexed: Option<i64> = row.try_get("indexed_count").map_err(decode)?;
         let indexed_created: Option<i64> = row.try_get("indexed_created").map_err(decode)?;
-        let base = match (indexed, indexed_created) {
-            (Some(indexed), Some(created)) if created == created_at && indexed <= count => {
+        let facts_count: Option<i64> = row.try_get("facts_count").map_err(decode)?;
+        let metrics = if facts_count == indexed {
+            let facts: Option<&str> = row.try_get("facts").map_err(decode)?;
+            let fold_state: Option<&str> = row.try_get("fold_state").map_err(decode)?;
+            MetricsColumns::read(facts, fold_state)
+        } else {
+            None
+        };
+        let base = match (indexed, indexed_created, metrics) {
+            (Some(indexed), Some(created), Some(metrics))
+                if created == created_at && indexed <= count =>
+            {
                 Some(IndexRow {
                     indexed_count: indexed,
                     stats: StatsColumns {
@@ -133,6 +206,7 @@ async fn stale(store: &PostgresStore) -> Result<(Vec<Stale>, bool), StoreError> 
                         trace_id: row.try_get("trace_id").map_err(decode)?,
                     }
                     .into_stats(),
+                    metrics,
                 })
             }
             _ => None,
@@ -181,6 +255,10 @@ async fn apply(store: &PostgresStore, steps: &[Indexed]) -> Result<usize, StoreE
         return Ok(0);
     }
     let columns: Vec<StatsColumns> = steps.iter().map(|s| StatsColumns::of(&s.stats)).collect();
+    let metrics: Vec<MetricsColumns> = steps
+        .iter()
+        .map(|s| MetricsColumns::of(&s.metrics))
+        .collect::<Result<_, _>>()?;
     let fail = |what: &str| {
         let what = what.to_string();
         move |e: sqlx::Error| backend(&format!("postgres {what}"), e)
@@ -188,21 +266,26 @@ async fn apply(store: &PostgresStore, steps: &[Indexed]) -> Result<usize, StoreE
     let mut tx = store.pool.begin().await.map_err(fail("begin"))?;
     let written: Vec<String> = sqlx::query_scalar(
         "INSERT INTO run_index (thread_id, indexed_count, created_at, runs, turns, tool_calls, \
-         tool_errors, tokens, cost, model, models, goal, trace_id) \
+         tool_errors, tokens, cost, model, models, goal, trace_id, facts, fold_state, facts_count) \
          SELECT u.thread_id, u.indexed_count, u.created_at, u.runs, u.turns, u.tool_calls, \
-         u.tool_errors, u.tokens, u.cost, u.model, u.models, u.goal, u.trace_id \
+         u.tool_errors, u.tokens, u.cost, u.model, u.models, u.goal, u.trace_id, u.facts, \
+         u.fold_state, u.indexed_count \
          FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], \
-         $7::bigint[], $8::bigint[], $9::float8[], $10::text[], $11::text[], $12::text[], $13::text[]) \
+         $7::bigint[], $8::bigint[], $9::float8[], $10::text[], $11::text[], $12::text[], $13::text[], \
+         $14::text[], $15::text[]) \
          AS u(thread_id, indexed_count, created_at, runs, turns, tool_calls, tool_errors, tokens, \
-         cost, model, models, goal, trace_id) \
+         cost, model, models, goal, trace_id, facts, fold_state) \
          JOIN threads t ON t.thread_id = u.thread_id AND t.created_at = u.created_at \
          ON CONFLICT (thread_id) DO UPDATE SET indexed_count = EXCLUDED.indexed_count, \
          created_at = EXCLUDED.created_at, runs = EXCLUDED.runs, turns = EXCLUDED.turns, \
          tool_calls = EXCLUDED.tool_calls, tool_errors = EXCLUDED.tool_errors, \
          tokens = EXCLUDED.tokens, cost = EXCLUDED.cost, model = EXCLUDED.model, \
-         models = EXCLUDED.models, goal = EXCLUDED.goal, trace_id = EXCLUDED.trace_id \
+         models = EXCLUDED.models, goal = EXCLUDED.goal, trace_id = EXCLUDED.trace_id, \
+         facts = EXCLUDED.facts, fold_state = EXCLUDED.fold_state, \
+         facts_count = EXCLUDED.facts_count \
          WHERE run_index.created_at <> EXCLUDED.created_at \
          OR run_index.indexed_count < EXCLUDED.indexed_count \
+         OR run_index.facts_count IS DISTINCT FROM run_index.indexed_count \
          RETURNING run_index.thread_id",
     )
     .bind(steps.iter().map(|s| s.thread_id.as_str()).collect::<Vec<_>>())
@@ -218,6 +301,8 @@ async fn apply(store: &PostgresStore, steps: &[Indexed]) -> Result<usize, StoreE
     .bind(columns.iter().map(|c| c.models.clone()).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.goal.clone()).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.trace_id.clone()).collect::<Vec<_>>())
+    .bind(metrics.iter().map(|m| m.facts.as_str()).collect::<Vec<_>>())
+    .bind(metrics.iter().map(|m| m.fold_state.as_str()).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await
     .map_err(fail("write run index"))?;

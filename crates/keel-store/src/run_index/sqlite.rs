@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use keel_core::AppendDurability;
+use keel_core::run_metrics::{FactsPage, FactsQuery, ThreadFacts};
 use keel_core::runs::{RunPage, RunQuery, page_of};
 use keel_core::store::StoreError;
 use rusqlite::functions::FunctionFlags;
@@ -16,8 +17,9 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags, params, params_from_iter};
 
 use super::{
-    CATCH_UP_BUDGET, IndexRow, Indexed, STEP_EVENTS, STEP_THREADS, Stale, StatsColumns,
-    ThreadColumns, after_operator, background, fold, in_background, sort_expression, summary,
+    CATCH_UP_BUDGET, IndexRow, Indexed, MetricsColumns, STEP_EVENTS, STEP_THREADS, Stale,
+    StatsColumns, ThreadColumns, after_operator, background, fold, in_background, read_facts,
+    sort_expression, summary,
 };
 use crate::SqliteStore;
 use crate::rows::{backend, parse_event, status_columns, ts_to_ns_saturating};
@@ -36,12 +38,14 @@ const THREADS: &str = "SELECT thread_id, agent, status, end_state, event_count, 
 
 /// The threads whose index row is missing, of another thread, or behind the log.
 const STALE: &str = "SELECT s.thread_id, s.created_at, s.current, r.indexed_count, r.created_at, \
-     r.runs, r.turns, r.tool_calls, r.tool_errors, r.tokens, r.cost, r.model, r.models, r.goal, r.trace_id \
+     r.runs, r.turns, r.tool_calls, r.tool_errors, r.tokens, r.cost, r.model, r.models, r.goal, r.trace_id, \
+     r.facts, r.fold_state, r.facts_count \
      FROM (SELECT t.thread_id, t.created_at, CASE WHEN t.status = 'running' \
      THEN (SELECT max(e.seq) + 1 FROM events e WHERE e.thread_id = t.thread_id) \
      ELSE t.event_count END AS current FROM threads t) s \
      LEFT JOIN run_index r ON r.thread_id = s.thread_id \
      WHERE r.thread_id IS NULL OR r.created_at <> s.created_at OR r.indexed_count <> s.current \
+     OR r.facts_count IS NOT r.indexed_count \
      LIMIT ?1";
 
 /// The listing's columns.
@@ -102,6 +106,22 @@ pub(crate) async fn list_runs(
     query: &RunQuery,
 ) -> Result<RunPage, StoreError> {
     query.validate()?;
+    let (conn, complete) = caught_up(store).await?;
+    let query = query.clone();
+    let (_conn, page) = on_reader(conn, move |conn| {
+        let mut page = page(conn, &query)?;
+        if !complete {
+            page.unindexed = unindexed(conn, query.thread_prefix.as_deref())?;
+        }
+        Ok(page)
+    })
+    .await?;
+    Ok(page)
+}
+
+/// A read connection after bringing the index up to date within [`CATCH_UP_BUDGET`] (the
+/// rest left to a background task); `true` when it is complete.
+async fn caught_up(store: &SqliteStore) -> Result<(Connection, bool), StoreError> {
     let conn = open_reader(store.path().to_path_buf()).await?;
     let key = format!("sqlite:{}", store.path().display());
     let (conn, complete) = if in_background(&key) {
@@ -116,16 +136,80 @@ pub(crate) async fn list_runs(
             catch_up(&store, conn, None).await.map(|_| ())
         });
     }
+    Ok((conn, complete))
+}
+
+/// [`keel_core::EventStore::run_facts`]: the same catch-up as a listing, then one query
+/// over the threads and the facts of their index rows.
+pub(crate) async fn run_facts(
+    store: &SqliteStore,
+    query: &FactsQuery,
+) -> Result<FactsPage, StoreError> {
+    let (conn, complete) = caught_up(store).await?;
     let query = query.clone();
     let (_conn, page) = on_reader(conn, move |conn| {
-        let mut page = page(conn, &query)?;
-        if !complete {
-            page.unindexed = unindexed(conn, query.thread_prefix.as_deref())?;
-        }
-        Ok(page)
+        let threads = facts(conn, &query)?;
+        let unindexed = if complete {
+            0
+        } else {
+            without_facts(conn, query.thread_prefix.as_deref())?
+        };
+        Ok(FactsPage { threads, unindexed })
     })
     .await?;
     Ok(page)
+}
+
+/// The facts of the threads `query` lets through, in `list_threads`' order.
+fn facts(conn: &Connection, query: &FactsQuery) -> Result<Vec<ThreadFacts>, StoreError> {
+    let mut sql = format!(
+        "SELECT t.thread_id, r.facts FROM ({THREADS}) AS t \
+         JOIN run_index r ON r.thread_id = t.thread_id AND r.created_at = t.created_at \
+         WHERE r.facts IS NOT NULL"
+    );
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(prefix) = &query.thread_prefix {
+        let p = bind(&mut args, Value::Text(prefix.clone()));
+        sql.push_str(&format!(" AND substr(t.thread_id, 1, length({p})) = {p}"));
+    }
+    if let Some(agent) = &query.agent {
+        let p = bind(&mut args, Value::Text(agent.clone()));
+        sql.push_str(&format!(" AND t.agent = {p}"));
+    }
+    if let Some(since) = query.active_since {
+        let p = bind(&mut args, Value::Integer(ts_to_ns_saturating(since)));
+        sql.push_str(&format!(" AND t.updated_at >= {p}"));
+    }
+    sql.push_str(" ORDER BY t.updated_at DESC, t.thread_id ASC");
+    let fail = |e: rusqlite::Error| backend("sqlite read run metrics facts", e);
+    let mut stmt = conn.prepare(&sql).map_err(fail)?;
+    let mut rows = stmt.query(params_from_iter(args)).map_err(fail)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(fail)? {
+        let thread_id: String = row.get(0).map_err(fail)?;
+        let facts = row
+            .get_ref(1)
+            .and_then(|value| value.as_str().map_err(Into::into))
+            .map_err(fail)?;
+        let runs = read_facts(&thread_id, facts)?;
+        out.push(ThreadFacts { thread_id, runs });
+    }
+    Ok(out)
+}
+
+/// Threads (under `prefix`) without metrics facts of their own.
+fn without_facts(conn: &Connection, prefix: Option<&str>) -> Result<u64, StoreError> {
+    let count: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM threads t LEFT JOIN run_index r \
+             ON r.thread_id = t.thread_id AND r.created_at = t.created_at \
+             WHERE (r.thread_id IS NULL OR r.facts IS NULL) \
+             AND (?1 IS NULL OR substr(t.thread_id, 1, length(?1)) = ?1)",
+            [prefix],
+            |row| row.get(0),
+        )
+        .map_err(|e| backend("sqlite count threads without facts", e))?;
+    Ok(u64::try_from(count).unwrap_or(0))
 }
 
 /// Brings the index up to date, step by step, until nothing is stale (`true`) or the
@@ -203,8 +287,17 @@ fn stale(conn: &Connection, limit: i64) -> Result<Vec<Stale>, StoreError> {
             let current: Option<i64> = row.get(2)?;
             let indexed: Option<i64> = row.get(3)?;
             let indexed_created: Option<i64> = row.get(4)?;
-            let base = match (indexed, indexed_created) {
-                (Some(count), Some(created))
+            let facts_count: Option<i64> = row.get(17)?;
+            let metrics = if facts_count == indexed {
+                MetricsColumns::read(
+                    row.get_ref(15)?.as_str_or_null()?,
+                    row.get_ref(16)?.as_str_or_null()?,
+                )
+            } else {
+                None
+            };
+            let base = match (indexed, indexed_created, metrics) {
+                (Some(count), Some(created), Some(metrics))
                     if created == created_at && count <= current.unwrap_or(0) =>
                 {
                     Some(IndexRow {
@@ -222,6 +315,7 @@ fn stale(conn: &Connection, limit: i64) -> Result<Vec<Stale>, StoreError> {
                             trace_id: row.get(14)?,
                         }
                         .into_stats(),
+                        metrics,
                     })
                 }
                 _ => None,
@@ -265,19 +359,23 @@ fn apply(conn: &Connection, steps: &[Indexed]) -> Result<usize, StoreError> {
     let mut applied = 0usize;
     for row in steps {
         let c = StatsColumns::of(&row.stats);
+        let m = MetricsColumns::of(&row.metrics)?;
         let changed = conn
             .prepare_cached(
                 "INSERT INTO run_index (thread_id, indexed_count, created_at, runs, turns, tool_calls, \
-                 tool_errors, tokens, cost, model, models, goal, trace_id) \
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13 \
+                 tool_errors, tokens, cost, model, models, goal, trace_id, facts, fold_state, facts_count) \
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?2 \
                  WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?1 AND created_at = ?3) \
                  ON CONFLICT (thread_id) DO UPDATE SET indexed_count = excluded.indexed_count, \
                  created_at = excluded.created_at, runs = excluded.runs, turns = excluded.turns, \
                  tool_calls = excluded.tool_calls, tool_errors = excluded.tool_errors, \
                  tokens = excluded.tokens, cost = excluded.cost, model = excluded.model, \
-                 models = excluded.models, goal = excluded.goal, trace_id = excluded.trace_id \
+                 models = excluded.models, goal = excluded.goal, trace_id = excluded.trace_id, \
+                 facts = excluded.facts, fold_state = excluded.fold_state, \
+                 facts_count = excluded.facts_count \
                  WHERE run_index.created_at <> excluded.created_at \
-                 OR run_index.indexed_count < excluded.indexed_count",
+                 OR run_index.indexed_count < excluded.indexed_count \
+                 OR run_index.facts_count IS NOT run_index.indexed_count",
             )
             .and_then(|mut stmt| {
                 stmt.execute(params![
@@ -293,7 +391,9 @@ fn apply(conn: &Connection, steps: &[Indexed]) -> Result<usize, StoreError> {
                     c.model,
                     c.models,
                     c.goal,
-                    c.trace_id
+                    c.trace_id,
+                    m.facts,
+                    m.fold_state
                 ])
             })
             .map_err(fail)?;
@@ -475,6 +575,36 @@ mod tests {
         assert!(complete);
         let (_conn, left) = on_reader(conn, |c| unindexed(c, None)).await.unwrap();
         assert_eq!(left, 0);
+        store.close().await;
+    }
+
+    /// Rows indexed before migration `0008` (no facts) and rows a build without it moved
+    /// on (facts behind `indexed_count`) are folded again from the first event.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_without_current_facts_are_folded_again() {
+        use keel_core::run_metrics::{FactsQuery, run_facts_by_folding};
+        let (dir, store) = seeded(20).await;
+        store.list_runs(&RunQuery::default()).await.unwrap();
+        let conn = Connection::open(dir.path().join("keel.db")).unwrap();
+        conn.busy_timeout(BUSY_TIMEOUT).unwrap();
+        conn.execute(
+            "UPDATE run_index SET facts = NULL, fold_state = NULL, facts_count = NULL \
+             WHERE thread_id < 'thr_0010'",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE run_index SET facts = '[]', facts_count = indexed_count - 1 \
+             WHERE thread_id >= 'thr_0010'",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let query = FactsQuery::default();
+        let page = store.run_facts(&query).await.unwrap();
+        assert_eq!(page.threads.len(), 20);
+        assert_eq!(page, run_facts_by_folding(&store, &query).await.unwrap());
+        assert!(page.threads.iter().all(|t| t.runs.len() == 1));
         store.close().await;
     }
 

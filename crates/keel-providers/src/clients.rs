@@ -1,0 +1,57 @@
+//! One `reqwest::Client` per distinct client configuration, shared by every model this
+//! process builds. A client holds the connection pool and the TLS configuration (whose
+//! root store is read from the OS on build, hundreds of files): building one per agent —
+//! which `keel serve` and workers do for every run — cost ~40% of a server's CPU under
+//! load and opened a new connection (a new TLS handshake with a hosted provider) for
+//! every run. Clients are cheap to clone (an `Arc`); the cache holds at most one per
+//! `(connect timeout, idle timeout, proxy use)`, so it stays tiny. Tested in
+//! `tests/connections.rs`.
+//!
+//! Proxy settings (`HTTPS_PROXY`, …) are read when a configuration's client is first
+//! built, as before for each model; a process that changes them later keeps the first.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// What a provider client is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ClientSettings {
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout: Duration,
+    /// Longest wait for the next bytes of a response.
+    pub idle_timeout: Duration,
+    /// Loopback only: never through a proxy.
+    pub no_proxy: bool,
+}
+
+static CLIENTS: OnceLock<Mutex<HashMap<ClientSettings, reqwest::Client>>> = OnceLock::new();
+
+/// The shared client of `settings`, built on first use.
+pub(crate) fn client(settings: ClientSettings) -> Result<reqwest::Client, reqwest::Error> {
+    let cache = CLIENTS.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Ok(clients) = cache.lock()
+        && let Some(client) = clients.get(&settings)
+    {
+        return Ok(client.clone());
+    }
+    // Built outside the lock (it reads the certificate store); two first uses at once
+    // build twice and keep one.
+    let built = build(settings)?;
+    match cache.lock() {
+        Ok(mut clients) => Ok(clients.entry(settings).or_insert(built).clone()),
+        // A panic elsewhere while holding the lock: serve unshared rather than fail.
+        Err(_) => Ok(built),
+    }
+}
+
+fn build(settings: ClientSettings) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(settings.connect_timeout)
+        .read_timeout(settings.idle_timeout)
+        .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
+    if settings.no_proxy {
+        builder = builder.no_proxy();
+    }
+    builder.build()
+}
