@@ -98,7 +98,7 @@ const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub(crate) struct HttpModel {
     pub(crate) protocol: Box<dyn Protocol>,
     pub(crate) model: String,
-    pub(crate) client: reqwest::Client,
+    pub(crate) client: Arc<reqwest::Client>,
     pub(crate) retry: RetryConfig,
     pub(crate) idle_timeout: Duration,
     /// Overall deadline of one call, retries and their waits included.

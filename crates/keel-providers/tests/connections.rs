@@ -1,9 +1,10 @@
 //! Connection reuse: a finished answer's connection goes back to the pool (the rest of its
-//! body — `[DONE]`, the chunked end — is read), and every model of the same client
-//! settings shares one pool, so consecutive calls of one run, and runs of agents built
-//! one after another (what `keel serve` and workers do), reuse one connection instead of
-//! a new one (a new TLS handshake with a hosted provider) per call. The server is a raw
-//! keep-alive HTTP/1.1 loop on 127.0.0.1 counting the connections it accepts.
+//! body — `[DONE]`, the chunked end — is read), and models of the same client settings
+//! alive at the same time share one pool, so consecutive calls of one run, and runs
+//! overlapping in a server, reuse one connection instead of a new one (a new TLS
+//! handshake with a hosted provider) per call. Once the last model is dropped its client
+//! and connections are closed: nothing outlives the agents. The server is a raw keep-alive
+//! HTTP/1.1 loop on 127.0.0.1 counting the connections it accepts and sees closed.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -40,17 +41,20 @@ fn answer() -> Vec<u8> {
 }
 
 /// Serves [`answer`] to every request, keeping connections open; counts connections.
-async fn server() -> (String, Arc<AtomicUsize>) {
+async fn server() -> (String, Arc<AtomicUsize>, Arc<tokio::sync::Notify>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
+    let closed = Arc::new(tokio::sync::Notify::new());
+    let on_close = closed.clone();
     tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
                 return;
             };
             counter.fetch_add(1, Ordering::SeqCst);
+            let on_close = on_close.clone();
             tokio::spawn(async move {
                 let mut pending: Vec<u8> = Vec::new();
                 let mut buffer = [0u8; 8192];
@@ -72,14 +76,17 @@ async fn server() -> (String, Arc<AtomicUsize>) {
                         }
                     }
                     match stream.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
+                        Ok(0) | Err(_) => {
+                            on_close.notify_one();
+                            return;
+                        }
                         Ok(n) => pending.extend_from_slice(&buffer[..n]),
                     }
                 }
             });
         }
     });
-    (base, connections)
+    (base, connections, closed)
 }
 
 fn options(base_url: &str) -> ProviderOptions {
@@ -92,11 +99,13 @@ fn options(base_url: &str) -> ProviderOptions {
 }
 
 #[tokio::test]
-async fn calls_and_models_of_the_same_settings_reuse_one_connection() {
-    let (base, connections) = server().await;
+async fn models_alive_together_share_one_connection_and_close_it_when_dropped() {
+    let (base, connections, closed) = server().await;
     let messages = user("hi");
+    let mut models = Vec::new();
     for model_number in 0..3 {
-        // A new model each time, as each run of a server builds its agent.
+        // A new model each time, as each run of a server builds its agent; the earlier
+        // ones are still alive (overlapping runs).
         let model =
             model_from_spec_with_env("openai:gpt-4o-mini", &options(&base), &|_| None).unwrap();
         for _ in 0..2 {
@@ -107,10 +116,17 @@ async fn calls_and_models_of_the_same_settings_reuse_one_connection() {
             assert!(error.is_none(), "model {model_number}: {error:?}");
             assert_eq!(text_of(&events), "hello");
         }
+        models.push(model);
     }
     assert_eq!(
         connections.load(Ordering::SeqCst),
         1,
         "six calls of three models should have used one connection"
     );
+    // The last model dropped: its client closes the pooled connection.
+    let notified = closed.notified();
+    drop(models);
+    tokio::time::timeout(OUTER, notified)
+        .await
+        .expect("the idle connection is closed once no model holds the client");
 }
