@@ -154,13 +154,12 @@ fn renaming_a_tool_in_the_agent_fails_the_replay_with_a_readable_diff() {
     let agent = std::fs::read_to_string(workspace_root().join("agents/detective/agent.toml"))
         .unwrap()
         .replace("name = \"get_test_details\"", "name = \"get_test_report\"")
-        // The call rules name the tool too (else the agent does not build: a rule naming a
-        // tool the agent lacks is a configuration error).
+        // The call rule on `file_risk_report` names the tool too (else the agent does not
+        // build: a rule naming a tool the agent lacks is a configuration error).
         .replace(
             "after = [\"get_release_summary\", \"get_test_details\"]",
             "after = [\"get_release_summary\", \"get_test_report\"]",
-        )
-        .replace("tool = \"get_test_details\"", "tool = \"get_test_report\"");
+        );
     std::fs::write(dir.path().join("renamed.toml"), agent).unwrap();
     let output = keel(
         dir.path(),
