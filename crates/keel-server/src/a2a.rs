@@ -35,7 +35,6 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use keel_a2a::RpcError;
 use keel_a2a::server::{A2aBackend, AgentDescriptor, CallContext, TaskRun};
 use keel_a2a::types::{
@@ -502,22 +501,27 @@ impl KeelA2a {
         })
     }
 
-    /// The task's updates after `last`, from the journal, until its turn ends (or the
-    /// stream timeout, shutdown, or the reader leaving). `hub` was subscribed before
+    /// `last` and the task's updates after it, from the journal, until its turn ends (or
+    /// the stream timeout, shutdown, or the reader leaving). `hub` was subscribed before
     /// `last` was read.
     fn follow(
         self: &Arc<Self>,
         task: TaskRef,
         last: Task,
         hub: broadcast::Receiver<HubMessage>,
-    ) -> BoxStream<'static, TaskEvent> {
+    ) -> TaskRun {
         let (tx, rx) = mpsc::channel::<TaskEvent>(64);
         let this = Arc::clone(self);
+        let snapshot = last.clone();
         tokio::spawn(async move { this.pump(task, last, hub, tx).await });
-        futures::stream::unfold(rx, |mut rx| async move {
+        let events = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|event| (event, rx))
         })
-        .boxed()
+        .boxed();
+        TaskRun {
+            task: snapshot,
+            events,
+        }
     }
 
     async fn pump(
@@ -647,11 +651,7 @@ impl KeelA2a {
             history: vec![message],
             metadata: None,
         };
-        let events = self.follow(task, snapshot.clone(), hub);
-        Ok(TaskRun {
-            task: snapshot,
-            events,
-        })
+        Ok(self.follow(task, snapshot, hub))
     }
 
     /// The next message of a task waiting for input: its approval decision or answer.
@@ -743,11 +743,7 @@ impl KeelA2a {
             .await
             .map_err(|e| rpc_error(&e, task_id))?;
         let snapshot = self.snapshot(&task).await?;
-        let events = self.follow(task, snapshot.clone(), hub);
-        Ok(TaskRun {
-            task: snapshot,
-            events,
-        })
+        Ok(self.follow(task, snapshot, hub))
     }
 
     /// The answer to a task whose run ended `clarify_needed` (`ask_user` in a run no one
@@ -802,11 +798,7 @@ impl KeelA2a {
             message.message_id.clone(),
             &message.text(),
         ));
-        let events = self.follow(task, snapshot.clone(), hub);
-        Ok(TaskRun {
-            task: snapshot,
-            events,
-        })
+        Ok(self.follow(task, snapshot, hub))
     }
 
     /// Waits (bounded by the request timeout) until `until` holds of the task's events.
@@ -953,8 +945,7 @@ impl A2aBackend for Backend {
                     now.status.state
                 )));
             }
-            let events = self.follow(task, now.clone(), hub);
-            Ok(TaskRun { task: now, events })
+            Ok(self.follow(task, now, hub))
         })
     }
 }

@@ -231,7 +231,7 @@ async fn dispatch(State(mount): State<Arc<UiMount>>, request: Request) -> Respon
 
 /// `GET /ui/login` (`next`, `why`).
 async fn login_page(uri: Uri) -> Response {
-    let query = query_pairs(uri.query().unwrap_or(""));
+    let query = keel_ui::form(uri.query().unwrap_or(""));
     let next = safe_next(query_field(&query, "next"));
     let message = match query_field(&query, "why") {
         Some("expired") => Some("Your session ended; sign in again."),
@@ -246,7 +246,7 @@ async fn login(State(mount): State<Arc<UiMount>>, headers: HeaderMap, body: Stri
     if let Some(refused) = cross_site(&headers) {
         return refused;
     }
-    let fields = query_pairs(&body);
+    let fields = keel_ui::form(&body);
     let next = safe_next(query_field(&fields, "next"));
     let key = query_field(&fields, "key").map(str::trim).unwrap_or("");
     let state = &mount.state;
@@ -412,36 +412,9 @@ fn over_tls(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
-/// The refusal of a form posted from another site (as keel-ui refuses its own forms).
+/// The refusal of a form posted from another site (keel-ui's rule for its own forms).
 fn cross_site(headers: &HeaderMap) -> Option<Response> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let refused = |why: String| page(StatusCode::FORBIDDEN, "Forbidden", &why);
-    if let Some(site) = text("sec-fetch-site") {
-        return match site {
-            "same-origin" | "none" => None,
-            other => Some(refused(format!(
-                "form posts from other sites are refused (sec-fetch-site: {other})"
-            ))),
-        };
-    }
-    if let (Some(origin), Some(host)) = (text("origin"), text("host")) {
-        let bare = origin
-            .strip_prefix("http://")
-            .or_else(|| origin.strip_prefix("https://"))
-            .unwrap_or(origin);
-        if bare != host {
-            return Some(refused(format!(
-                "a form from {origin} may not post to {host}"
-            )));
-        }
-    }
-    None
-}
-
-fn query_pairs(text: &str) -> Vec<(String, String)> {
-    form_urlencoded::parse(text.as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect()
+    keel_ui::cross_site_refusal(headers).map(|why| page(StatusCode::FORBIDDEN, "Forbidden", &why))
 }
 
 fn query_field<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -217,14 +217,23 @@ impl Resumer for AppResumer {
 /// Refuses a form posted from another site (the UI has no session to protect it with: a
 /// page elsewhere must not be able to approve calls on a loopback `keel ui`).
 fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
+    match cross_site_refusal(headers) {
+        Some(why) => Err(UiError::forbidden(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why a form post with `headers` comes from another site and must be refused, if it
+/// does (`keel serve`'s `/ui` login checks its form the same way).
+pub fn cross_site_refusal(headers: &HeaderMap) -> Option<String> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     // Browsers say where a request comes from; `same-origin` is the UI's own form.
     if let Some(site) = text("sec-fetch-site") {
         return match site {
-            "same-origin" | "none" => Ok(()),
-            other => Err(UiError::forbidden(format!(
+            "same-origin" | "none" => None,
+            other => Some(format!(
                 "form posts from other sites are refused (sec-fetch-site: {other})"
-            ))),
+            )),
         };
     }
     if let (Some(origin), Some(host)) = (text("origin"), text("host")) {
@@ -233,16 +242,14 @@ fn same_origin(headers: &HeaderMap) -> Result<(), UiError> {
             .or_else(|| origin.strip_prefix("https://"))
             .unwrap_or(origin);
         if bare != host {
-            return Err(UiError::forbidden(format!(
-                "a form from {origin} may not post to {host}"
-            )));
+            return Some(format!("a form from {origin} may not post to {host}"));
         }
     }
-    Ok(())
+    None
 }
 
-/// The fields of a posted form.
-fn form(body: &str) -> Vec<(String, String)> {
+/// The fields of a posted form (or a query string), in order.
+pub fn form(body: &str) -> Vec<(String, String)> {
     form_urlencoded::parse(body.as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()

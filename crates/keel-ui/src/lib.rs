@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use actions::{AppResumer, ModelHook, Resumer};
+pub use actions::{AppResumer, ModelHook, Resumer, cross_site_refusal, form};
 pub use error::UiError;
 pub use source::{RunSource, Scope};
 
