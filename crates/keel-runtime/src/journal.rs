@@ -7,10 +7,15 @@
 //! the tool calls' starts), it [`Journal::stage`]s the first batch: the events are
 //! stamped and folded at once, so `decide` sees them, but they reach the store together
 //! with the next append, in the same transaction, and observers hear of them only then.
-//! Every action with an effect outside the process (a model call, a tool call, asking a
-//! human, returning to the caller) is preceded by an append or an explicit
-//! [`Journal::flush`], so the rule above still holds: each event is durable before it is
-//! acted on. What staging saves is a commit per step (half the commits of a run). If the
+//! The same goes for the starts and results of tool calls that may run again harmlessly
+//! (not `mutating`): running such a call again after a crash has no effect outside the
+//! process, so their starts need not be durable before they run (a call still running
+//! after a few milliseconds has its start written while it runs, for observers).
+//! Every action with an effect outside the process (a model call, a mutating tool call,
+//! asking a human, returning to the caller) is preceded by an append or an explicit
+//! [`Journal::flush`], so the rule above still holds: each event is durable before
+//! anything outside the process acts on it. What staging saves is most commits of a step:
+//! a step that calls read-only tools commits once, with its next model request. If the
 //! append carrying staged events fails, the thread's folded state is ahead of its log:
 //! it is marked diverged and the next run or resume reloads it from the store.
 
@@ -178,6 +183,11 @@ impl<'a> Journal<'a> {
             state.apply(event);
         }
         run_events.extend(events);
+    }
+
+    /// Whether events are staged, waiting for the next append.
+    pub(crate) fn has_staged(&self) -> bool {
+        self.staged > 0
     }
 
     /// Writes the staged events, if any.

@@ -1,8 +1,11 @@
 //! The journal's commits: events after which nothing leaves the process are staged and
-//! reach the store with the next append, so a one-tool run commits 4 batches instead of
-//! 8 — and still every event is stored before the action that follows it (checked by a
-//! model and a tool that look into the store when they are called). An append that fails
-//! while events are staged leaves the thread "diverged"; the next run reloads it.
+//! reach the store with the next append, so a one-tool run commits 3 batches instead of
+//! 8 — and still every event is stored before anything outside the process acts on it
+//! (checked by a model and a tool that look into the store when they are called): a
+//! mutating call's start is stored (synchronously) before it runs; a read-only call's is
+//! not needed, and is written while it runs only when it runs for a while. An append
+//! that fails while events are staged leaves the thread "diverged"; the next run reloads
+//! it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -87,14 +90,28 @@ impl EventStore for RecordingStore {
     }
 }
 
-/// A tool that, when called, records how many of the thread's events are in the store
-/// and whether the model's request for it is among them.
+/// A tool that, when called, records whether the model's request for it and its start
+/// are in the store; with `wait_for_start` it keeps running until its start is stored.
 struct Probe {
     spec: ToolSpec,
     store: Arc<RecordingStore>,
     thread_id: String,
     seen_requested: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
+    wait_for_start: bool,
+}
+
+impl Probe {
+    async fn request_and_start_stored(&self) -> bool {
+        let stored = self.store.load(&self.thread_id).await.unwrap();
+        let requested = stored
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ToolCallRequested { .. }));
+        let started = stored
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ToolCallStarted { .. }));
+        requested && started
+    }
 }
 
 impl DynTool for Probe {
@@ -109,15 +126,14 @@ impl DynTool for Probe {
     ) -> BoxFuture<'a, Result<Value, ToolError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let stored = self.store.load(&self.thread_id).await.unwrap();
-            let requested = stored
-                .iter()
-                .any(|e| matches!(e.kind, EventKind::ToolCallRequested { .. }));
-            let started = stored
-                .iter()
-                .any(|e| matches!(e.kind, EventKind::ToolCallStarted { .. }));
             self.seen_requested
-                .store(requested && started, Ordering::SeqCst);
+                .store(self.request_and_start_stored().await, Ordering::SeqCst);
+            if self.wait_for_start {
+                // Paused test time: each sleep lets the runtime's clock jump ahead.
+                while !self.request_and_start_stored().await {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
             Ok(json!({"ok": true}))
         })
     }
@@ -128,6 +144,16 @@ fn probe_agent(
     thread_id: &str,
     effect: Effect,
     model: Arc<ScriptedModel>,
+) -> (ToolAgent, Arc<AtomicBool>, Arc<AtomicUsize>) {
+    probe_agent_with(store, thread_id, effect, model, false)
+}
+
+fn probe_agent_with(
+    store: &Arc<RecordingStore>,
+    thread_id: &str,
+    effect: Effect,
+    model: Arc<ScriptedModel>,
+    wait_for_start: bool,
 ) -> (ToolAgent, Arc<AtomicBool>, Arc<AtomicUsize>) {
     let seen = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -142,6 +168,7 @@ fn probe_agent(
         thread_id: thread_id.to_string(),
         seen_requested: seen.clone(),
         calls: calls.clone(),
+        wait_for_start,
     };
     let mut tools = ToolRegistry::new();
     tools.register(Arc::new(probe)).unwrap();
@@ -159,8 +186,20 @@ fn one_tool_script() -> Arc<ScriptedModel> {
     ]))
 }
 
-#[tokio::test]
-async fn a_one_tool_run_commits_four_batches_each_before_its_action() {
+fn batch_kinds(store: &RecordingStore) -> Vec<Vec<String>> {
+    store
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(kinds, _)| kinds.clone())
+        .collect()
+}
+
+// Paused time: the staged start's flush timer can only fire when every task is idle, so
+// a tool that finishes at once always finishes first, however loaded the machine.
+#[tokio::test(start_paused = true)]
+async fn a_one_tool_run_commits_three_batches_each_before_its_action() {
     let store = Arc::new(RecordingStore::default());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
@@ -173,26 +212,20 @@ async fn a_one_tool_run_commits_four_batches_each_before_its_action() {
     assert_eq!(outcome.end_state(), Some(EndState::Done));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(
-        seen.load(Ordering::SeqCst),
-        "the tool ran before its request and start were stored"
+        !seen.load(Ordering::SeqCst),
+        "a read-only call that finishes at once has its start written with its result"
     );
-    let batches: Vec<Vec<String>> = store
-        .batches
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(kinds, _)| kinds.clone())
-        .collect();
     assert_eq!(
-        batches,
+        batch_kinds(&store),
         vec![
             vec!["run_started", "user_message", "model_requested"],
             vec![
                 "model_responded",
                 "tool_call_requested",
-                "tool_call_started"
+                "tool_call_started",
+                "tool_call_finished",
+                "model_requested"
             ],
-            vec!["tool_call_finished", "model_requested"],
             vec!["model_responded", "run_ended"],
         ],
         "unexpected commits"
@@ -203,6 +236,42 @@ async fn a_one_tool_run_commits_four_batches_each_before_its_action() {
         assert_eq!(event.seq, i as u64);
     }
     assert_eq!(thread.state().next_seq(), events.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_only_call_that_keeps_running_has_its_start_written_while_it_runs() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let (agent, _, calls) = probe_agent_with(
+        &store,
+        thread.id(),
+        Effect::ReadOnly,
+        one_tool_script(),
+        true,
+    );
+    let outcome = agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        batch_kinds(&store),
+        vec![
+            vec!["run_started", "user_message", "model_requested"],
+            vec![
+                "model_responded",
+                "tool_call_requested",
+                "tool_call_started"
+            ],
+            vec!["tool_call_finished", "model_requested"],
+            vec!["model_responded", "run_ended"],
+        ],
+        "the start is written while the call runs, at the store's default durability"
+    );
+    let start = store.batches.lock().unwrap()[1].1;
+    assert_eq!(start, AppendDurability::Default);
 }
 
 #[tokio::test]
@@ -269,4 +338,89 @@ async fn a_failed_append_with_staged_events_reloads_the_thread_before_the_next_r
         .collect();
     assert_eq!(users, vec!["go again".to_string()]);
     assert_eq!(thread.state().next_seq(), events.len() as u64);
+}
+
+/// A read-only tool that always fails with a retryable server error.
+struct Failing {
+    spec: ToolSpec,
+}
+
+impl DynTool for Failing {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call<'a>(
+        &'a self,
+        _args: Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(async move {
+            Err(ToolError::new(
+                keel_core::ToolErrorCode::RetryableServer,
+                "the search service is down",
+            ))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mutating_fallback_runs_only_once_the_staged_start_is_written_synchronously() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let seen = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tools = ToolRegistry::new();
+    tools
+        .register(Arc::new(Failing {
+            spec: ToolSpec::new("search", "Searches.", "Searches.\n\nRules:\n- test only")
+                .with_effect(Effect::ReadOnly),
+        }))
+        .unwrap();
+    tools
+        .register(Arc::new(Probe {
+            spec: ToolSpec::new(
+                "search_cache",
+                "Looks into the store.",
+                "Records what the store holds.\n\nRules:\n- test only",
+            )
+            .with_effect(Effect::Mutating),
+            store: store.clone(),
+            thread_id: thread.id().to_string(),
+            seen_requested: seen.clone(),
+            calls: calls.clone(),
+            wait_for_start: false,
+        }))
+        .unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("search", json!({})),
+        ScriptStep::text("done"),
+    ]));
+    let agent = ToolAgent::builder("test", model)
+        .tools(tools)
+        .policy(keel_core::PolicyTable::default().with_fallback("search", "search_cache"))
+        .build();
+    let outcome = agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the fallback ran once");
+    assert!(
+        seen.load(Ordering::SeqCst),
+        "the mutating fallback ran before the call's request and start were stored"
+    );
+    // The retries' waits outlast the staged start's flush timer: the start is written
+    // while the call runs, and the fallback decision synchronously before the fallback.
+    let batches = store.batches.lock().unwrap().clone();
+    let fallback = batches
+        .iter()
+        .find(|(kinds, _)| kinds.contains(&"policy_applied".to_string()))
+        .unwrap();
+    assert_eq!(fallback.1, AppendDurability::Sync);
+    assert!(
+        !fallback.0.contains(&"tool_call_finished".to_string()),
+        "{batches:?}"
+    );
 }

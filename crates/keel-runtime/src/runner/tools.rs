@@ -23,6 +23,10 @@ use crate::journal::Journal;
 use crate::outcome::{RunError, RunStatus};
 use crate::tool_agent::ToolAgent;
 
+/// How long a staged start of a call that may run again waits for the call to finish
+/// before it is written anyway, while the call runs (see `execute_tools`).
+const STAGED_START_FLUSH: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub(super) async fn execute_tools(
     agent: &ToolAgent,
     journal: &mut Journal<'_>,
@@ -72,13 +76,27 @@ pub(super) async fn execute_tools(
                 .get(&p.call.name)
                 .is_some_and(|tool| tool.spec().effect == keel_core::Effect::Mutating)
     });
-    let durability = if starts_mutation {
-        keel_core::AppendDurability::Sync
-    } else {
-        keel_core::AppendDurability::Default
-    };
+    // When every call starting now may run again harmlessly, nothing outside the process
+    // depends on their starts: they are staged (with the model's answer before them) and
+    // reach the store with the results, in one commit instead of two — unless a call is
+    // still running after `STAGED_START_FLUSH`, when they are written while it runs so
+    // that observers (a CLI's progress line, a server's event stream) hear of it.
+    let stage_starts = !started.is_empty()
+        && calls
+            .iter()
+            .filter(|p| is_executed(p) && !p.started)
+            .all(|p| may_repeat(agent, &p.call.name));
     let extras = call_extras(journal, &started);
-    journal.append_batch_with(started, durability).await?;
+    if stage_starts {
+        journal.stage(started);
+    } else {
+        let durability = if starts_mutation {
+            keel_core::AppendDurability::Sync
+        } else {
+            keel_core::AppendDurability::Default
+        };
+        journal.append_batch_with(started, durability).await?;
+    }
 
     let ctx = journal.ctx().clone();
     let thread_id = journal.thread_id().to_string();
@@ -140,7 +158,20 @@ pub(super) async fn execute_tools(
             crate::handoff::transfer(agent, journal, call, target, &mut handed_off).await?;
             continue;
         }
-        let Some((_, execution)) = executions.next().await else {
+        let next = executions.next();
+        let Some((_, execution)) = (if journal.has_staged() {
+            let mut next = std::pin::pin!(next);
+            tokio::select! {
+                biased;
+                done = &mut next => done,
+                () = tokio::time::sleep(STAGED_START_FLUSH) => {
+                    journal.flush().await?;
+                    next.await
+                }
+            }
+        } else {
+            next.await
+        }) else {
             break;
         };
         let mut batch: Vec<(EventKind, String)> = execution
@@ -172,7 +203,17 @@ pub(super) async fn execute_tools(
                 &outcome,
                 decision.clone().unwrap_or(PolicyDecision::ReturnToModel),
             ));
-            // The fallback is another side effect: it gets its own idempotency key.
+            // The fallback is another side effect: it gets its own idempotency key, and a
+            // mutating one runs only once the log says — on stable storage — that this
+            // call started and fell back to it (with whatever was staged before).
+            if !may_repeat(agent, tool) {
+                journal
+                    .append_batch_with(
+                        std::mem::take(&mut batch),
+                        keel_core::AppendDurability::Sync,
+                    )
+                    .await?;
+            }
             let fallback_call = ToolCall {
                 id: format!("{}.fallback.{tool}", call.id),
                 name: tool.clone(),
