@@ -67,35 +67,24 @@ pub(super) async fn execute_tools(
         })
         .collect();
     // A mutating call's start must be on stable storage before its side effect can happen:
-    // after a power loss the log must still say the call may have run.
-    let starts_mutation = calls.iter().any(|p| {
-        is_executed(p)
-            && !p.started
-            && agent
-                .tools
-                .get(&p.call.name)
-                .is_some_and(|tool| tool.spec().effect == keel_core::Effect::Mutating)
-    });
-    // When every call starting now may run again harmlessly, nothing outside the process
-    // depends on their starts: they are staged (with the model's answer before them) and
-    // reach the store with the results, in one commit instead of two — unless a call is
-    // still running after `STAGED_START_FLUSH`, when they are written while it runs so
-    // that observers (a CLI's progress line, a server's event stream) hear of it.
-    let stage_starts = !started.is_empty()
-        && calls
-            .iter()
-            .filter(|p| is_executed(p) && !p.started)
-            .all(|p| may_repeat(agent, &p.call.name));
+    // after a power loss the log must still say the call may have run. When every call
+    // starting now may run again harmlessly, nothing outside the process depends on their
+    // starts: they are staged (with the model's answer before them) and reach the store
+    // with the results, in one commit instead of two — unless a call is still running
+    // after `STAGED_START_FLUSH`, when they are written while it runs so that observers
+    // (a CLI's progress line, a server's event stream) hear of it.
+    let starts_mutation = calls
+        .iter()
+        .any(|p| is_executed(p) && !p.started && !may_repeat(agent, &p.call.name));
     let extras = call_extras(journal, &started);
-    if stage_starts {
-        journal.stage(started);
+    if starts_mutation {
+        journal
+            .append_batch_with(started, keel_core::AppendDurability::Sync)
+            .await?;
+    } else if started.is_empty() {
+        journal.flush().await?;
     } else {
-        let durability = if starts_mutation {
-            keel_core::AppendDurability::Sync
-        } else {
-            keel_core::AppendDurability::Default
-        };
-        journal.append_batch_with(started, durability).await?;
+        journal.stage(started);
     }
 
     let ctx = journal.ctx().clone();
