@@ -678,7 +678,7 @@ impl A2aAgent {
 
 /// The text a run sends: its new messages', else (a run taking over a conversation
 /// handed to it) the goal it recorded.
-fn run_input(new_messages: &[Message], run_events: &[keel_core::Event]) -> String {
+fn run_input(new_messages: &[Message], run_events: &[std::sync::Arc<keel_core::Event>]) -> String {
     let text: Vec<String> = new_messages
         .iter()
         .map(Message::text)

@@ -93,7 +93,7 @@ impl std::fmt::Debug for BuiltRecipe {
 impl Recipe {
     /// The recipe the run of `run_events` recorded when it started (`Ok(None)` when it
     /// recorded none, e.g. a workflow's run or one recorded before recipes existed).
-    pub fn recorded(run_events: &[Event]) -> Result<Option<Self>, AppError> {
+    pub fn recorded(run_events: &[std::sync::Arc<Event>]) -> Result<Option<Self>, AppError> {
         let recipe = run_events.iter().find_map(|event| match &event.kind {
             EventKind::RunStarted {
                 definition: Some(definition),

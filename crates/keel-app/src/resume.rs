@@ -91,10 +91,10 @@ pub fn ended_outcome(thread: &Thread) -> Option<RunOutcome> {
 
 /// How many model answers (responses or failures) the run `run_id` has in `events`: the
 /// script step a resumed run continues at.
-pub fn consumed_steps(events: &[Event], run_id: &str) -> usize {
+pub fn consumed_steps(events: &[std::sync::Arc<Event>], run_id: &str) -> usize {
     events
         .iter()
-        .filter(|e| e.run_id == run_id)
+        .filter(|e| &*e.run_id == run_id)
         .filter(|e| {
             matches!(
                 e.kind,
@@ -120,13 +120,14 @@ pub async fn script_steps(
         .load(thread.id())
         .await
         .map_err(|e| AppError::Resume(format!("cannot load thread {}: {e}", thread.id())))?;
+    let events: Vec<std::sync::Arc<Event>> = events.into_iter().map(std::sync::Arc::new).collect();
     let mut steps = latest;
     let mut seen = HashSet::new();
     while let Some(run_id) = previous.filter(|id| seen.insert(id.clone())) {
         steps += consumed_steps(&events, &run_id);
-        let run: Vec<Event> = events
+        let run: Vec<std::sync::Arc<Event>> = events
             .iter()
-            .filter(|e| e.run_id == run_id)
+            .filter(|e| *e.run_id == *run_id)
             .cloned()
             .collect();
         previous = continues(&run);
@@ -135,7 +136,7 @@ pub async fn script_steps(
 }
 
 /// The run a run's `run_continued` notice says it continues.
-fn continues(events: &[Event]) -> Option<String> {
+fn continues(events: &[std::sync::Arc<Event>]) -> Option<String> {
     events.iter().find_map(|e| match &e.kind {
         EventKind::Notice { code, data, .. }
             if code == keel_runtime::runner::RUN_CONTINUED_NOTICE =>

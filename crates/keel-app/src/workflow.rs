@@ -89,7 +89,7 @@ impl WorkflowRequest {
 
 /// The workflow request a workflow run recorded in its `run_started`, when the run is a
 /// workflow's (`None` for an agent's run).
-pub fn recorded_workflow(run_events: &[Event]) -> Option<WorkflowRequest> {
+pub fn recorded_workflow(run_events: &[std::sync::Arc<Event>]) -> Option<WorkflowRequest> {
     let recipe = run_events.iter().find_map(|event| match &event.kind {
         EventKind::RunStarted {
             definition: Some(definition),

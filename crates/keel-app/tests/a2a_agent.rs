@@ -163,7 +163,15 @@ async fn a_run_is_journaled(url: &str, streams: bool) {
     };
     assert_eq!((agent.as_str(), model.as_str()), ("researcher", "a2a:echo"));
     assert_eq!(goal, "hello");
-    let recipe = Recipe::recorded(&events).unwrap().unwrap();
+    let recipe = Recipe::recorded(
+        &events
+            .iter()
+            .cloned()
+            .map(std::sync::Arc::new)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(recipe.agent_name.as_deref(), Some("researcher"));
     let task_id = notices(&events, "a2a_task")[0]["task_id"]
         .as_str()
@@ -567,7 +575,7 @@ steps = ["researcher", "writer"]
         .unwrap()
         .into_iter()
         .find_map(|e| match e.kind {
-            EventKind::ToolCallFinished { result } => Some(result.content),
+            EventKind::ToolCallFinished { result } => Some(result.content.clone()),
             _ => None,
         })
         .unwrap();

@@ -173,5 +173,14 @@ async fn a_parallel_workflow_runs_and_records_its_recipe() {
     };
     assert_eq!(recipe["agent_name"], "summarizer");
     assert_eq!(recipe["model"], "openai:gpt-4.1");
-    assert!(recorded_workflow(&step).is_none());
+    assert!(
+        recorded_workflow(
+            &step
+                .iter()
+                .cloned()
+                .map(std::sync::Arc::new)
+                .collect::<Vec<_>>()
+        )
+        .is_none()
+    );
 }

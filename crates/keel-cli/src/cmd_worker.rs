@@ -211,7 +211,7 @@ struct CliJobs;
 impl JobAgents for CliJobs {
     type Spec = AgentSpec;
 
-    fn recorded(&self, run_events: &[Event]) -> Result<Option<AgentSpec>, String> {
+    fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<AgentSpec>, String> {
         recorded::recorded_spec(run_events).map_err(|e| e.message)
     }
 

@@ -4,6 +4,8 @@
 //! win, each with a printed notice; a run recorded before definitions existed is
 //! continued with the flags, as before. The rules live in [`keel_app::recipe`].
 
+use std::sync::Arc;
+
 use keel_core::Event;
 use keel_runtime::Thread;
 
@@ -12,7 +14,7 @@ use crate::agents::{AgentArgs, AgentSpec};
 use crate::config::app_error;
 
 /// The agent spec a run recorded when it started, if it recorded one.
-pub fn recorded_spec(run_events: &[Event]) -> Result<Option<AgentSpec>, CliError> {
+pub fn recorded_spec(run_events: &[Arc<Event>]) -> Result<Option<AgentSpec>, CliError> {
     AgentSpec::recorded(run_events).map_err(app_error)
 }
 

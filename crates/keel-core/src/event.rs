@@ -1,6 +1,8 @@
 //! The durable records of a run. A thread's history is nothing but its events; the run
 //! state, the conversation, traces, metrics and evaluations are all folds over them.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,12 +26,13 @@ pub struct Event {
     pub seq: u64,
     /// When it was recorded.
     pub ts: DateTime<Utc>,
-    /// The thread (conversation).
-    pub thread_id: String,
+    /// The thread (conversation). Shared by the events of a run (one allocation, not one
+    /// per event), like `run_id` and `trace_id`.
+    pub thread_id: Arc<str>,
     /// The run that produced it.
-    pub run_id: String,
+    pub run_id: Arc<str>,
     /// The run's W3C trace id (32 hex digits).
-    pub trace_id: String,
+    pub trace_id: Arc<str>,
     /// The span this event belongs to (16 hex digits).
     pub span_id: String,
     /// What happened.
@@ -174,8 +177,10 @@ pub enum EventKind {
     },
     /// A tool call finished (success or typed error). Its result joins the conversation.
     ToolCallFinished {
-        /// The result, including the full outcome.
-        result: ToolResult,
+        /// The result, including the full outcome (shared with the conversation's tool
+        /// message: the largest payload of any event, it would otherwise set the size of
+        /// every event in a log and be copied with each).
+        result: Arc<ToolResult>,
     },
     /// A call waits for a human decision.
     ApprovalRequested {

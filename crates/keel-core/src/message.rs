@@ -3,6 +3,8 @@
 //! These are provider-neutral. Provider adapters translate them to and from each wire
 //! protocol; nothing here knows about any particular API.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -67,9 +69,6 @@ impl ToolResult {
 }
 
 /// One piece of a message.
-// `ToolResult` is the large variant; boxing it would put an allocation on every tool result
-// and a `Box` in every pattern match across the workspace for a few hundred bytes per part.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
@@ -80,8 +79,10 @@ pub enum Part {
     },
     /// A tool call (assistant messages only).
     ToolCall(ToolCall),
-    /// A tool result (tool messages only).
-    ToolResult(ToolResult),
+    /// A tool result (tool messages only). Shared, not inline: at 272 bytes it would make
+    /// every part of every message (and every event) that large, and the same result is
+    /// held by its `tool_call_finished` event, the conversation and the in-memory log.
+    ToolResult(Arc<ToolResult>),
     /// A provider-specific item that must be echoed back verbatim on the next request,
     /// such as a reasoning block with its signature.
     ProviderItem {
@@ -167,7 +168,7 @@ impl Message {
     /// The tool results in this message, in order.
     pub fn tool_results(&self) -> impl Iterator<Item = &ToolResult> {
         self.parts.iter().filter_map(|p| match p {
-            Part::ToolResult(result) => Some(result),
+            Part::ToolResult(result) => Some(&**result),
             _ => None,
         })
     }

@@ -270,7 +270,9 @@ impl ResponseAssembler {
     }
 
     /// The assembled response. A missing stop event is inferred from the content.
-    pub fn finish(self) -> ModelResponse {
+    pub fn finish(mut self) -> ModelResponse {
+        // The message lives on in the log and the conversation: drop the growth slack.
+        self.parts.shrink_to_fit();
         let has_calls = self.parts.iter().any(|p| matches!(p, Part::ToolCall(_)));
         let stop_reason = match self.stop_reason {
             Some(StopReason::EndTurn) | None if has_calls => StopReason::ToolUse,

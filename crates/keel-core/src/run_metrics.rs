@@ -194,9 +194,9 @@ impl ThreadMetrics {
 
     /// Adds one event (the next of the log).
     pub fn fold(&mut self, event: &Event) {
-        if self.runs.last().is_none_or(|r| r.run_id != event.run_id) {
+        if self.runs.last().is_none_or(|r| *r.run_id != *event.run_id) {
             self.runs
-                .push(RunFacts::new(event.run_id.clone(), event.ts));
+                .push(RunFacts::new(event.run_id.to_string(), event.ts));
         }
         let Some(run) = self.runs.last_mut() else {
             return;
@@ -212,11 +212,11 @@ impl ThreadMetrics {
             fold_plain(run, event);
             return;
         }
-        if !self.state.contains_key(&event.run_id) {
+        if !self.state.contains_key(&*event.run_id) {
             self.state
-                .insert(event.run_id.clone(), RunFoldState::default());
+                .insert(event.run_id.to_string(), RunFoldState::default());
         }
-        let Some(state) = self.state.get_mut(&event.run_id) else {
+        let Some(state) = self.state.get_mut(&*event.run_id) else {
             return;
         };
         match &event.kind {

@@ -434,7 +434,7 @@ impl RunStats {
                             .collect(),
                     );
                 }
-                self.trace_id = Some(event.trace_id.clone());
+                self.trace_id = Some(event.trace_id.to_string());
             }
             EventKind::ModelRequested { .. } => self.turns = self.turns.saturating_add(1),
             EventKind::ModelResponded {

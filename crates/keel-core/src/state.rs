@@ -2,6 +2,8 @@
 //! run. [`RunState::apply`] costs O(1) per event (plus the size of the event itself), so
 //! rebuilding from a stored log and stepping a live run are the same fold.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 use crate::budget::{Budget, Spent};
@@ -255,7 +257,7 @@ impl RunState {
                     self.handoff_chain = 0;
                 }
                 self.run = Some(RunScope {
-                    run_id: event.run_id.clone(),
+                    run_id: event.run_id.to_string(),
                     agent: agent.clone(),
                     started_at: event.ts,
                     budget: *budget,
@@ -495,7 +497,7 @@ impl RunState {
             .find(|p| p.call.id == call_id)
     }
 
-    fn record_result(&mut self, result: &ToolResult) {
+    fn record_result(&mut self, result: &Arc<ToolResult>) {
         let Some(pending) = self.pending_mut(&result.call_id) else {
             return;
         };
@@ -511,7 +513,7 @@ impl RunState {
             let observation = crate::observation::DefaultNormalizer.normalize(&result.outcome);
             run.working_memory.observe(observation.summary);
         }
-        let part = Part::ToolResult(result.clone());
+        let part = Part::ToolResult(Arc::clone(result));
         match self
             .open_results_message
             .and_then(|index| self.messages.get_mut(index))

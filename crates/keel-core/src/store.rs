@@ -5,8 +5,9 @@
 //! with [`StoreError::Conflict`] and never interleaves. Durable implementations (SQLite,
 //! Postgres) live in `keel-store` and pass the same conformance suite.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -96,12 +97,12 @@ pub struct ThreadSummary {
 
 impl ThreadSummary {
     /// Builds a summary by scanning a log (for stores that do not index it).
-    pub fn from_events(thread_id: &str, events: &[Event]) -> Option<Self> {
-        let first = events.first()?;
-        let last = events.last()?;
+    pub fn from_events<E: Borrow<Event>>(thread_id: &str, events: &[E]) -> Option<Self> {
+        let first = events.first()?.borrow();
+        let last = events.last()?.borrow();
         let mut status = ThreadStatus::Running;
         let mut agent = None;
-        for event in events {
+        for event in events.iter().map(Borrow::borrow) {
             status = ThreadStatus::after(status, &event.kind);
             if let EventKind::RunStarted { agent: name, .. } = &event.kind {
                 agent = Some(name.clone());
@@ -145,12 +146,12 @@ impl ThreadFilter {
 }
 
 /// Checks that a batch is consecutive from `expected_next_seq` and all on `thread_id`.
-pub fn check_batch(
+pub fn check_batch<'a>(
     thread_id: &str,
     expected_next_seq: u64,
-    events: &[Event],
+    events: impl IntoIterator<Item = &'a Event>,
 ) -> Result<(), StoreError> {
-    for (offset, event) in events.iter().enumerate() {
+    for (offset, event) in events.into_iter().enumerate() {
         let want = expected_next_seq.saturating_add(offset as u64);
         if event.seq != want {
             return Err(StoreError::InvalidBatch(format!(
@@ -158,7 +159,7 @@ pub fn check_batch(
                 event.seq
             )));
         }
-        if event.thread_id != thread_id {
+        if &*event.thread_id != thread_id {
             return Err(StoreError::InvalidBatch(format!(
                 "event {offset} belongs to thread {} not {thread_id}",
                 event.thread_id
@@ -208,6 +209,22 @@ pub trait EventStore: Send + Sync {
         self.append(thread_id, expected_next_seq, events).await
     }
 
+    /// [`EventStore::append_with`] for events the caller keeps too (the runner holds its
+    /// run's events as `Arc<Event>`): a store that keeps events in memory can share them
+    /// instead of copying; this default copies them and calls `append_with`. Same
+    /// contract as `append_with`.
+    async fn append_shared(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        let owned: Vec<Event> = events.iter().map(|event| Event::clone(event)).collect();
+        self.append_with(thread_id, expected_next_seq, &owned, durability)
+            .await
+    }
+
     /// All events of a thread in order (empty when the thread does not exist).
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError>;
 
@@ -254,7 +271,7 @@ pub trait EventStore: Send + Sync {
             .into_iter()
             .take_while(|event| event.seq <= at_seq)
             .map(|mut event| {
-                event.thread_id = target.to_string();
+                event.thread_id = target.into();
                 event
             })
             .collect();
@@ -280,10 +297,11 @@ pub trait EventStore: Send + Sync {
     }
 }
 
-/// Keeps logs in memory. For tests and ephemeral runs.
+/// Keeps logs in memory. For tests and ephemeral runs. Events are kept as `Arc<Event>`,
+/// so a runner appending through [`EventStore::append_shared`] and the store hold one copy.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    threads: Mutex<HashMap<String, Vec<Event>>>,
+    threads: Mutex<HashMap<String, Vec<Arc<Event>>>>,
 }
 
 impl MemoryStore {
@@ -292,11 +310,33 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Event>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<Event>>>> {
         match self.threads.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    /// Appends `events` (already checked by [`check_batch`]) if the log is where the
+    /// caller expects it.
+    fn append_checked(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: impl ExactSizeIterator<Item = Arc<Event>>,
+    ) -> Result<(), StoreError> {
+        let mut threads = self.lock();
+        let log = threads.entry(thread_id.to_string()).or_default();
+        let actual = log.len() as u64;
+        if actual != expected_next_seq {
+            return Err(StoreError::Conflict {
+                thread_id: thread_id.to_string(),
+                expected: expected_next_seq,
+                actual,
+            });
+        }
+        log.extend(events);
+        Ok(())
     }
 }
 
@@ -308,23 +348,31 @@ impl EventStore for MemoryStore {
         expected_next_seq: u64,
         events: &[Event],
     ) -> Result<(), StoreError> {
-        check_batch(thread_id, expected_next_seq, events)?;
-        let mut threads = self.lock();
-        let log = threads.entry(thread_id.to_string()).or_default();
-        let actual = log.len() as u64;
-        if actual != expected_next_seq {
-            return Err(StoreError::Conflict {
-                thread_id: thread_id.to_string(),
-                expected: expected_next_seq,
-                actual,
-            });
-        }
-        log.extend_from_slice(events);
-        Ok(())
+        check_batch(thread_id, expected_next_seq, events.iter())?;
+        self.append_checked(
+            thread_id,
+            expected_next_seq,
+            events.iter().map(|event| Arc::new(event.clone())),
+        )
+    }
+
+    async fn append_shared(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        _durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        check_batch(thread_id, expected_next_seq, events.iter().map(|e| &**e))?;
+        self.append_checked(thread_id, expected_next_seq, events.iter().cloned())
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
-        Ok(self.lock().get(thread_id).cloned().unwrap_or_default())
+        Ok(self
+            .lock()
+            .get(thread_id)
+            .map(|log| log.iter().map(|event| Event::clone(event)).collect())
+            .unwrap_or_default())
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {

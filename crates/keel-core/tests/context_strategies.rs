@@ -70,12 +70,12 @@ fn exchange(turn: usize, error: bool) -> Vec<Message> {
         },
         Message {
             role: Role::Tool,
-            parts: vec![Part::ToolResult(ToolResult {
+            parts: vec![Part::ToolResult(std::sync::Arc::new(ToolResult {
                 call_id: id,
                 name: "calculator".into(),
                 outcome,
                 content: format!("result of turn {turn}: {}", "x".repeat(200)),
-            })],
+            }))],
         },
     ]
 }

@@ -59,7 +59,7 @@ impl Sim {
             ts: self.now,
             thread_id: "thr".into(),
             run_id: "run".into(),
-            trace_id: "0".repeat(32),
+            trace_id: "0".repeat(32).into(),
             span_id: "0".repeat(16),
             kind,
         };
@@ -95,12 +95,12 @@ fn result_for(call: &ToolCall, ok: bool) -> EventKind {
     };
     let content = outcome.render_for_model();
     EventKind::ToolCallFinished {
-        result: ToolResult {
+        result: std::sync::Arc::new(ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
             outcome,
             content,
-        },
+        }),
     }
 }
 
@@ -355,7 +355,7 @@ fn wall_clock_budget_ends_the_run() {
         ts: start,
         thread_id: "thr".into(),
         run_id: "run".into(),
-        trace_id: String::new(),
+        trace_id: String::new().into(),
         span_id: String::new(),
         kind,
     };

@@ -111,11 +111,11 @@ impl RunTrace {
         let mut trace = RunTrace {
             thread_id: events
                 .first()
-                .map(|e| e.thread_id.clone())
+                .map(|e| e.thread_id.to_string())
                 .unwrap_or_default(),
             trace_id: events
                 .first()
-                .map(|e| e.trace_id.clone())
+                .map(|e| e.trace_id.to_string())
                 .unwrap_or_default(),
             tool_calls: Vec::new(),
             final_text: None,
@@ -131,7 +131,7 @@ impl RunTrace {
         for event in events {
             match &event.kind {
                 EventKind::RunStarted { .. } => {
-                    trace.trace_id.clone_from(&event.trace_id);
+                    trace.trace_id = event.trace_id.to_string();
                     trace.final_text = None;
                     trace.end = TraceEnd::Incomplete;
                     trace.end_reason = None;

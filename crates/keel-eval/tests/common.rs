@@ -30,8 +30,8 @@ impl Log {
             seq,
             ts: Utc.timestamp_opt(1_700_000_000 + seq as i64, 0).unwrap(),
             thread_id: "thread-1".into(),
-            run_id: format!("run-{}", self.run),
-            trace_id: format!("{:032x}", self.run),
+            run_id: format!("run-{}", self.run).into(),
+            trace_id: format!("{:032x}", self.run).into(),
             span_id: format!("{:016x}", seq + 1),
             kind,
         });
@@ -160,12 +160,12 @@ impl Log {
         });
         let content = outcome.render_for_model();
         self.push(EventKind::ToolCallFinished {
-            result: ToolResult {
+            result: std::sync::Arc::new(ToolResult {
                 call_id: id.into(),
                 name: name.into(),
                 outcome,
                 content,
-            },
+            }),
         })
     }
 

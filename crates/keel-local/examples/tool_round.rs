@@ -88,7 +88,7 @@ async fn main() {
     messages.push(response.message.clone());
     messages.push(Message {
         role: Role::Tool,
-        parts: vec![Part::ToolResult(ToolResult {
+        parts: vec![Part::ToolResult(std::sync::Arc::new(ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
             outcome: ToolOutcome {
@@ -106,7 +106,7 @@ async fn main() {
                 },
             },
             content: "391".into(),
-        })],
+        }))],
     });
     ask(&model, &messages, &tools).await;
 }

@@ -319,7 +319,7 @@ mod tests {
             },
             Message {
                 role: Role::Tool,
-                parts: vec![Part::ToolResult(result("391"))],
+                parts: vec![Part::ToolResult(result("391").into())],
             },
         ];
         let mut request = ModelRequest::new(&messages);

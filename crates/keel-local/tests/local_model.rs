@@ -101,7 +101,7 @@ async fn calculator_question_makes_a_schema_valid_call_then_answers() {
     messages.push(response.message.clone());
     messages.push(Message {
         role: Role::Tool,
-        parts: vec![Part::ToolResult(ToolResult {
+        parts: vec![Part::ToolResult(std::sync::Arc::new(ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
             outcome: ToolOutcome {
@@ -119,7 +119,7 @@ async fn calculator_question_makes_a_schema_valid_call_then_answers() {
                 },
             },
             content: value.to_string(),
-        })],
+        }))],
     });
     let mut request = ModelRequest::new(&messages);
     request.system = Some(system);

@@ -265,7 +265,8 @@ impl HttpModel {
         let provider = self.protocol.provider();
         Box::pin(async_stream::stream! {
             let body = match body {
-                Ok(body) => Bytes::from(body),
+                // Kept for the whole call (retries resend it): without the growth slack.
+                Ok(body) => Bytes::from(body.into_boxed_slice()),
                 Err(error) => {
                     yield Err(ModelError::new(
                         ModelErrorKind::InvalidRequest,

@@ -248,7 +248,10 @@ pub fn tool_name(name: &str) -> String {
 /// The outcome of the child thread's latest run, which has ended.
 fn ended_outcome(thread: &Thread) -> RunOutcome {
     let events = thread.run_events();
-    let run_id = events.first().map(|e| e.run_id.clone()).unwrap_or_default();
+    let run_id = events
+        .first()
+        .map(|e| e.run_id.to_string())
+        .unwrap_or_default();
     let end_state = thread
         .state()
         .run()

@@ -111,7 +111,7 @@ impl<'a> RunRecorder<'a> {
     }
 
     /// The events of this run so far, in order.
-    pub fn run_events(&self) -> &[keel_core::Event] {
+    pub fn run_events(&self) -> &[std::sync::Arc<keel_core::Event>] {
         self.journal.run_events()
     }
 

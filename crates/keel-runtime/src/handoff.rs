@@ -279,7 +279,7 @@ impl HandoffGroup {
                 .rev()
                 .find(|e| matches!(&e.kind, EventKind::Handoff { to, .. } if *to == target))
             {
-                nested = nested.with_parent_span(event.trace_id.clone(), event.span_id.clone());
+                nested = nested.with_parent_span(event.trace_id.to_string(), event.span_id.clone());
             }
             outcome = agent.run(Vec::new(), thread, &nested).await?;
         }
@@ -316,7 +316,10 @@ impl Agent for HandoffGroup {
         if thread.state().pending_handoff().is_some() && !thread.state().run_in_progress() {
             // Stopped between the handoff and the target's first event.
             let events = thread.run_events();
-            let run_id = events.first().map(|e| e.run_id.clone()).unwrap_or_default();
+            let run_id = events
+                .first()
+                .map(|e| e.run_id.to_string())
+                .unwrap_or_default();
             let end_state = thread
                 .state()
                 .run()

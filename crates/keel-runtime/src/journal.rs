@@ -19,6 +19,8 @@
 //! append carrying staged events fails, the thread's folded state is ahead of its log:
 //! it is marked diverged and the next run or resume reloads it from the store.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use keel_core::event::{new_span_id, new_trace_id};
 use keel_core::{AppendDurability, EVENT_SCHEMA_VERSION, Event, EventKind, RunState};
@@ -31,8 +33,10 @@ use crate::thread::Thread;
 pub(crate) struct Journal<'a> {
     thread: &'a mut Thread,
     ctx: &'a RunContext,
-    run_id: String,
-    trace_id: String,
+    /// The ids every event of the run carries, shared by all of them.
+    thread_id: Arc<str>,
+    run_id: Arc<str>,
+    trace_id: Arc<str>,
     run_span: String,
     /// The span a new run nests under; stamped on its `RunStarted`.
     parent_span: Option<String>,
@@ -52,10 +56,11 @@ impl<'a> Journal<'a> {
             None => (new_trace_id(), None),
         };
         Self {
+            thread_id: thread.id().into(),
             thread,
             ctx,
-            run_id,
-            trace_id,
+            run_id: run_id.into(),
+            trace_id: trace_id.into(),
             run_span: new_span_id(),
             parent_span,
             staged: 0,
@@ -65,12 +70,11 @@ impl<'a> Journal<'a> {
     /// A journal continuing the thread's latest run (its events are kept by the thread).
     pub(crate) fn resume(thread: &'a mut Thread, ctx: &'a RunContext) -> Self {
         let first = thread.run_events().first();
-        let run_id = first.map(|e| e.run_id.clone()).unwrap_or_default();
-        let trace_id = first
-            .map(|e| e.trace_id.clone())
-            .unwrap_or_else(new_trace_id);
+        let run_id = first.map_or_else(|| Arc::from(""), |e| Arc::clone(&e.run_id));
+        let trace_id = first.map_or_else(|| new_trace_id().into(), |e| Arc::clone(&e.trace_id));
         let run_span = first.map(|e| e.span_id.clone()).unwrap_or_else(new_span_id);
         Self {
+            thread_id: thread.id().into(),
             thread,
             ctx,
             run_id,
@@ -106,7 +110,7 @@ impl<'a> Journal<'a> {
         &self.trace_id
     }
 
-    pub(crate) fn run_events(&self) -> &[Event] {
+    pub(crate) fn run_events(&self) -> &[Arc<Event>] {
         self.thread.run_events()
     }
 
@@ -136,7 +140,7 @@ impl<'a> Journal<'a> {
         let fresh = self.stamp(items);
         let fresh_len = fresh.len();
         let (state, run_events) = self.thread.parts_mut();
-        run_events.extend(fresh);
+        run_events.extend(fresh.into_iter().map(Arc::new));
         let pending = self.staged.saturating_add(fresh_len);
         let start = run_events.len().saturating_sub(pending);
         let Some(batch) = run_events.get(start..).filter(|b| !b.is_empty()) else {
@@ -146,7 +150,7 @@ impl<'a> Journal<'a> {
         if let Err(error) = self
             .ctx
             .store
-            .append_with(state.thread_id(), first_seq, batch, durability)
+            .append_shared(state.thread_id(), first_seq, batch, durability)
             .await
         {
             let (_, run_events) = self.thread.parts_mut();
@@ -182,7 +186,7 @@ impl<'a> Journal<'a> {
         for event in &events {
             state.apply(event);
         }
-        run_events.extend(events);
+        run_events.extend(events.into_iter().map(Arc::new));
     }
 
     /// Whether events are staged, waiting for the next append.
@@ -213,9 +217,9 @@ impl<'a> Journal<'a> {
                     v: EVENT_SCHEMA_VERSION,
                     seq: first_seq.saturating_add(offset as u64),
                     ts,
-                    thread_id: self.thread.id().to_string(),
-                    run_id: self.run_id.clone(),
-                    trace_id: self.trace_id.clone(),
+                    thread_id: Arc::clone(&self.thread_id),
+                    run_id: Arc::clone(&self.run_id),
+                    trace_id: Arc::clone(&self.trace_id),
                     span_id,
                     kind,
                 }

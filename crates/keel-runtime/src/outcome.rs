@@ -134,10 +134,10 @@ pub struct RunOutcome {
 /// The model failure that ended a run `failed` when waiting and trying again can help:
 /// the run's last model call failed with a retryable error, no policy stopped the run, and
 /// it ended `failed`. Such a run is continued by [`crate::ToolAgent::resume`].
-pub fn retryable_failure(run_events: &[Event]) -> Option<&ModelFailure> {
+pub fn retryable_failure<E: std::borrow::Borrow<Event>>(run_events: &[E]) -> Option<&ModelFailure> {
     let mut failure = None;
     let mut ended_failed = false;
-    for event in run_events {
+    for event in run_events.iter().map(std::borrow::Borrow::borrow) {
         match &event.kind {
             EventKind::ModelFailed { error, .. } => failure = Some(error),
             EventKind::ModelResponded { .. } => failure = None,
@@ -173,12 +173,13 @@ impl RunOutcome {
     }
 
     /// Folds a run's events into its summary. `status` is where the run stands now.
-    pub fn from_run_events(
+    pub fn from_run_events<E: std::borrow::Borrow<Event>>(
         thread_id: &str,
         run_id: &str,
-        events: &[Event],
+        events: &[E],
         status: RunStatus,
     ) -> Self {
+        let events: Vec<&Event> = events.iter().map(std::borrow::Borrow::borrow).collect();
         let mut outcome = RunOutcome {
             thread_id: thread_id.to_string(),
             run_id: run_id.to_string(),
@@ -191,7 +192,7 @@ impl RunOutcome {
             cost_usd: None,
             trace_id: events
                 .first()
-                .map(|e| e.trace_id.clone())
+                .map(|e| e.trace_id.to_string())
                 .unwrap_or_default(),
             action_item: None,
             alert: false,
@@ -199,7 +200,7 @@ impl RunOutcome {
             resumable: false,
         };
         let mut arguments: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
-        for event in events.iter().filter(|e| e.run_id == run_id) {
+        for event in events.iter().filter(|e| &*e.run_id == run_id) {
             match &event.kind {
                 EventKind::ModelRequested { turn, .. } => outcome.turns = outcome.turns.max(*turn),
                 EventKind::ModelResponded {
@@ -285,7 +286,7 @@ impl RunOutcome {
                 // Only this run's events (the slice may start earlier).
                 events
                     .iter()
-                    .position(|e| e.run_id == run_id)
+                    .position(|e| &*e.run_id == run_id)
                     .and_then(|start| events.get(start..))
                     .unwrap_or_default(),
             )

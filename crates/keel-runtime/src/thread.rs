@@ -6,6 +6,8 @@
 //! [`Thread::answer_user`]) through the journal, like every other event; the caller then
 //! continues the run with [`crate::ToolAgent::resume`].
 
+use std::sync::Arc;
+
 use keel_core::planner::ASK_USER;
 use keel_core::{Event, EventKind, EventStore, Message, Part, RunState, StoreError, new_id};
 
@@ -47,7 +49,7 @@ use crate::runner::{ok_outcome, tool_finished};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     state: RunState,
-    run_events: Vec<Event>,
+    run_events: Vec<Arc<Event>>,
     /// The folded state holds events the store does not (an append failed after events
     /// were staged): the next run or resume reloads the thread first.
     diverged: bool,
@@ -128,22 +130,26 @@ impl Thread {
             .unwrap_or(events.len());
         Self {
             state,
-            run_events: events.split_off(latest_run),
+            run_events: events
+                .split_off(latest_run)
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
             diverged: false,
         }
     }
 
     /// The events of the thread's latest run, in order (empty before the first run).
-    pub fn run_events(&self) -> &[Event] {
+    pub fn run_events(&self) -> &[Arc<Event>] {
         &self.run_events
     }
 
-    pub(crate) fn run_events_mut(&mut self) -> &mut Vec<Event> {
+    pub(crate) fn run_events_mut(&mut self) -> &mut Vec<Arc<Event>> {
         &mut self.run_events
     }
 
     /// The folded state and the latest run's events, to change both at once.
-    pub(crate) fn parts_mut(&mut self) -> (&mut RunState, &mut Vec<Event>) {
+    pub(crate) fn parts_mut(&mut self) -> (&mut RunState, &mut Vec<Arc<Event>>) {
         (&mut self.state, &mut self.run_events)
     }
 

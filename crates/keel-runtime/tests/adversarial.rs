@@ -761,7 +761,7 @@ async fn judge(case: &Case) -> Vec<String> {
     let finished: BTreeMap<&str, &keel_core::ToolResult> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ToolCallFinished { result } => Some((result.call_id.as_str(), result)),
+            EventKind::ToolCallFinished { result } => Some((result.call_id.as_str(), &**result)),
             _ => None,
         })
         .collect();

@@ -79,7 +79,7 @@ async fn every_event_is_stored_and_observed_in_order() {
     assert!(
         stored
             .iter()
-            .all(|e| e.trace_id == outcome.trace_id && e.trace_id.len() == 32)
+            .all(|e| *e.trace_id == *outcome.trace_id && e.trace_id.len() == 32)
     );
     let finished = stored.iter().find_map(|e| match &e.kind {
         EventKind::ToolCallFinished { result } => Some(result.clone()),

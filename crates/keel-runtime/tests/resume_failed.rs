@@ -89,7 +89,7 @@ async fn a_run_failed_on_a_retryable_model_error_is_resumable_and_resume_finishe
     let ended: Vec<_> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::RunEnded { end_state, .. } => Some((e.run_id.clone(), *end_state)),
+            EventKind::RunEnded { end_state, .. } => Some((e.run_id.to_string(), *end_state)),
             _ => None,
         })
         .collect();
@@ -104,7 +104,7 @@ async fn a_run_failed_on_a_retryable_model_error_is_resumable_and_resume_finishe
         .iter()
         .find_map(|e| match &e.kind {
             EventKind::Notice { code, data, .. } if code == RUN_CONTINUED_NOTICE => {
-                Some((e.run_id.clone(), data.clone().unwrap()))
+                Some((e.run_id.to_string(), data.clone().unwrap()))
             }
             _ => None,
         })

@@ -212,7 +212,7 @@ fn runs_of(events: &[Event], task: &TaskRef) -> Vec<String> {
         .filter(|e| {
             submission_of(e).is_some_and(|s| s == task.submission || s.starts_with(&follow_up))
         })
-        .map(|e| e.run_id.clone())
+        .map(|e| e.run_id.to_string())
         .collect()
 }
 
@@ -225,7 +225,7 @@ fn run_of(events: &[Event], task: &TaskRef) -> Option<String> {
 fn chain_events(events: &[Event], runs: &[String]) -> Vec<Event> {
     events
         .iter()
-        .filter(|e| runs.contains(&e.run_id))
+        .filter(|e| runs.iter().any(|run| **run == *e.run_id))
         .cloned()
         .collect()
 }
@@ -248,7 +248,7 @@ fn task_of_run(task: &TaskRef, run_id: &str, chain: &[Event], own: &[Event]) -> 
                 history.push(user_message(task, id(event), answer));
             }
             EventKind::UserAsked { question, .. } => {
-                if event.run_id == run_id {
+                if &*event.run_id == run_id {
                     asked = Some(question.clone());
                 }
                 history.push(agent_message(

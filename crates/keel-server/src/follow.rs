@@ -185,7 +185,7 @@ impl Cursor {
                 && self.own_run.is_none()
                 && submission_of(event).as_deref() == Some(submission.as_str())
             {
-                self.own_run = Some(event.run_id.clone());
+                self.own_run = Some(event.run_id.to_string());
             }
             let data = self.follow.tenant.event_json(event, &self.follow.client_id);
             let sse = SseEvent::default()
@@ -198,7 +198,7 @@ impl Cursor {
             self.next = event.seq + 1;
             if matches!(event.kind, EventKind::RunEnded { .. }) {
                 let done = match &self.follow.until {
-                    Until::Run(_) => self.own_run.as_deref() == Some(event.run_id.as_str()),
+                    Until::Run(_) => self.own_run.as_deref() == Some(event.run_id.as_ref()),
                     Until::Idle => events.last().is_some_and(|l| l.seq == event.seq),
                 };
                 if done {
@@ -325,7 +325,7 @@ pub async fn wait_settled(
                 own_run = events
                     .iter()
                     .find(|e| submission_of(e).as_deref() == Some(submission))
-                    .map(|e| e.run_id.clone());
+                    .map(|e| e.run_id.to_string());
             }
             if let Some(run_id) = &own_run {
                 let own = run_events(&events, run_id);

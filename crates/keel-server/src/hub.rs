@@ -279,7 +279,7 @@ impl RunObserver for HubObserver {
             _ => {}
         }
         self.hub.publish(HubMessage::Appended(
-            Arc::from(event.thread_id.as_str()),
+            Arc::from(event.thread_id.as_ref()),
             event.seq,
         ));
     }

@@ -166,7 +166,7 @@ impl std::fmt::Debug for ServerJobs {
 impl JobAgents for ServerJobs {
     type Spec = Recipe;
 
-    fn recorded(&self, run_events: &[Event]) -> Result<Option<Recipe>, String> {
+    fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Recipe>, String> {
         Recipe::recorded(run_events).map_err(|e| e.to_string())
     }
 

@@ -58,11 +58,11 @@ pub enum RunPosition {
 }
 
 /// Where the run of `run_events` stands.
-pub fn position(run_events: &[Event]) -> RunPosition {
+pub fn position<E: std::borrow::Borrow<Event>>(run_events: &[E]) -> RunPosition {
     let mut status = ThreadStatus::Running;
     let mut pending: Option<(String, String)> = None;
     let mut question = String::new();
-    for event in run_events {
+    for event in run_events.iter().map(std::borrow::Borrow::borrow) {
         status = ThreadStatus::after(status, &event.kind);
         match &event.kind {
             EventKind::ApprovalRequested { call_id, name, .. } => {
@@ -119,7 +119,7 @@ pub fn run_json(thread_id: &str, run_id: &str, run_events: &[Event]) -> Value {
 pub fn run_events(events: &[Event], run_id: &str) -> Vec<Event> {
     events
         .iter()
-        .filter(|e| e.run_id == run_id)
+        .filter(|e| &*e.run_id == run_id)
         .cloned()
         .collect()
 }

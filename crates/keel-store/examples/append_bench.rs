@@ -52,8 +52,8 @@ fn batch(thread: &str, from: u64) -> Vec<Event> {
             v: keel_core::EVENT_SCHEMA_VERSION,
             seq,
             ts: Utc::now(),
-            thread_id: thread.to_string(),
-            run_id: format!("run-{thread}"),
+            thread_id: thread.to_string().into(),
+            run_id: format!("run-{thread}").into(),
             trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
             span_id: "b7ad6b7169203331".into(),
             kind: EventKind::Notice {
@@ -237,7 +237,7 @@ async fn append_sqlx(
             .bind(thread)
             .bind(e.seq as i64)
             .bind(e.kind.name())
-            .bind(e.run_id.as_str())
+            .bind(e.run_id.as_ref())
             .bind(e.ts.timestamp_nanos_opt().unwrap_or(0))
             .bind(serde_json::to_string(e).unwrap())
             .execute(&mut *conn)

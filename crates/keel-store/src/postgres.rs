@@ -316,15 +316,19 @@ fn summary_from_row(row: &sqlx::postgres::PgRow) -> Result<ThreadSummary, StoreE
     .into_summary()
 }
 
-#[async_trait]
-impl EventStore for PostgresStore {
-    async fn append(
+impl PostgresStore {
+    /// Appends owned or shared events alike (serialized on the caller's task).
+    async fn append_events<E: std::borrow::Borrow<Event>>(
         &self,
         thread_id: &str,
         expected_next_seq: u64,
-        events: &[Event],
+        events: &[E],
     ) -> Result<(), StoreError> {
-        check_batch(thread_id, expected_next_seq, events)?;
+        check_batch(
+            thread_id,
+            expected_next_seq,
+            events.iter().map(std::borrow::Borrow::borrow),
+        )?;
         if events.is_empty() {
             let actual: Option<i64> =
                 sqlx::query_scalar("SELECT event_count FROM threads WHERE thread_id = $1")
@@ -344,6 +348,31 @@ impl EventStore for PostgresStore {
         let batch = Batch::new(events)?;
         self.writer
             .append(thread_id.to_string(), expected, batch)
+            .await
+    }
+}
+
+#[async_trait]
+impl EventStore for PostgresStore {
+    async fn append(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        self.append_events(thread_id, expected_next_seq, events)
+            .await
+    }
+
+    async fn append_shared(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[std::sync::Arc<Event>],
+        _durability: keel_core::AppendDurability,
+    ) -> Result<(), StoreError> {
+        // Every Postgres commit is synchronous: there is no weaker level to honour.
+        self.append_events(thread_id, expected_next_seq, events)
             .await
     }
 

@@ -119,11 +119,11 @@ pub(crate) struct Batch {
 impl Batch {
     /// Serializes a (non-empty, already checked) batch. All the CPU work happens here,
     /// before any transaction is opened.
-    pub(crate) fn new(events: &[Event]) -> Result<Self, StoreError> {
+    pub(crate) fn new<E: std::borrow::Borrow<Event>>(events: &[E]) -> Result<Self, StoreError> {
         let mut rows = Vec::with_capacity(events.len());
         let mut status = None;
         let mut agent = None;
-        for event in events {
+        for event in events.iter().map(std::borrow::Borrow::borrow) {
             if let Some(set) = status_set_by(&event.kind) {
                 status = Some(set);
             }
@@ -133,7 +133,7 @@ impl Batch {
             rows.push(EventRow {
                 seq: to_i64("seq", event.seq)?,
                 kind: event.kind.name(),
-                run_id: event.run_id.clone(),
+                run_id: event.run_id.to_string(),
                 ts: ts_to_ns(event.ts)?,
                 body: serde_json::to_string(event).map_err(|e| {
                     StoreError::InvalidBatch(format!("event {} does not serialize: {e}", event.seq))
@@ -210,7 +210,7 @@ pub(crate) fn rebase(
         .iter()
         .map(|body| {
             let mut event = parse_event(source, body)?;
-            event.thread_id = target.to_string();
+            event.thread_id = target.into();
             Ok(event)
         })
         .collect()

@@ -10,6 +10,7 @@
 //! running thread's count and time from its last event) see every append that has
 //! returned; WAL lets them run beside the writer. `load` is one `SELECT` ordered by `seq`.
 
+use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -296,6 +297,45 @@ fn write_batch(
     }
 }
 
+impl SqliteStore {
+    /// Appends owned or shared events alike (serialized on the caller's task).
+    async fn append_events<E: Borrow<Event>>(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[E],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        check_batch(
+            thread_id,
+            expected_next_seq,
+            events.iter().map(Borrow::borrow),
+        )?;
+        let thread = thread_id.to_string();
+        if events.is_empty() {
+            let expected_i = to_i64("expected_next_seq", expected_next_seq)?;
+            return self
+                .writer
+                .call(durability, move |conn: &Connection| {
+                    let actual = event_count(conn, &thread)?;
+                    if actual == expected_i {
+                        Ok(())
+                    } else {
+                        Err(conflict(&thread, expected_next_seq, actual))
+                    }
+                })
+                .await;
+        }
+        // Serializing happens here, on the caller's task, not on the writer thread.
+        let batch = Batch::new(events)?;
+        self.writer
+            .call(durability, move |conn: &Connection| {
+                write_batch(conn, &thread, expected_next_seq, &batch)
+            })
+            .await
+    }
+}
+
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn append(
@@ -320,28 +360,18 @@ impl EventStore for SqliteStore {
         events: &[Event],
         durability: AppendDurability,
     ) -> Result<(), StoreError> {
-        check_batch(thread_id, expected_next_seq, events)?;
-        let thread = thread_id.to_string();
-        if events.is_empty() {
-            let expected_i = to_i64("expected_next_seq", expected_next_seq)?;
-            return self
-                .writer
-                .call(durability, move |conn: &Connection| {
-                    let actual = event_count(conn, &thread)?;
-                    if actual == expected_i {
-                        Ok(())
-                    } else {
-                        Err(conflict(&thread, expected_next_seq, actual))
-                    }
-                })
-                .await;
-        }
-        // Serializing happens here, on the caller's task, not on the writer thread.
-        let batch = Batch::new(events)?;
-        self.writer
-            .call(durability, move |conn: &Connection| {
-                write_batch(conn, &thread, expected_next_seq, &batch)
-            })
+        self.append_events(thread_id, expected_next_seq, events, durability)
+            .await
+    }
+
+    async fn append_shared(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
+        self.append_events(thread_id, expected_next_seq, events, durability)
             .await
     }
 

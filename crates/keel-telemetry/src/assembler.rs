@@ -52,14 +52,14 @@ impl SpanAssembler {
         let capture = self.options.capture_content;
         let run = self
             .runs
-            .entry(event.run_id.clone())
+            .entry(event.run_id.to_string())
             .or_insert_with(|| RunSpans {
                 trace_id: if valid_trace_id(&event.trace_id) {
                     event.trace_id.to_ascii_lowercase()
                 } else {
                     derive_trace_id(&event.run_id)
                 },
-                thread_id: event.thread_id.clone(),
+                thread_id: event.thread_id.to_string(),
                 ..RunSpans::default()
             });
         run.last_ts = Some(event.ts);
@@ -69,7 +69,7 @@ impl SpanAssembler {
             .into_iter()
             .map(Completed::Turn)
             .collect();
-        let run_id = event.run_id.as_str();
+        let run_id = &*event.run_id;
         let root_parent = run.root_id();
         match &event.kind {
             EventKind::RunStarted {
@@ -101,7 +101,7 @@ impl SpanAssembler {
                 }
                 attributes.insert("openinference.span.kind".into(), s("AGENT"));
                 attributes.insert("keel.run.id".into(), s(run_id));
-                attributes.insert("keel.thread.id".into(), s(event.thread_id.clone()));
+                attributes.insert("keel.thread.id".into(), s(event.thread_id.to_string()));
                 if let Some(t) = budget.max_turns {
                     attributes.insert("keel.budget.max_turns".into(), int(u64::from(t)));
                 }

@@ -622,10 +622,10 @@ mod tests {
         let mut model_latency: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut utilization: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for e in events {
-            if !runs.contains_key(&e.run_id) {
-                order.push(e.run_id.clone());
+            if !runs.contains_key(&*e.run_id) {
+                order.push(e.run_id.to_string());
             }
-            let run = runs.entry(e.run_id.clone()).or_default();
+            let run = runs.entry(e.run_id.to_string()).or_default();
             match &e.kind {
                 EventKind::RunStarted { model, .. } => run.model = model.clone(),
                 EventKind::ModelRequested {
@@ -834,7 +834,7 @@ mod tests {
             _ => None,
         };
         EventKind::ToolCallFinished {
-            result: ToolResult {
+            result: std::sync::Arc::new(ToolResult {
                 call_id: format!("call_{}", rng.below(1000)),
                 name: name.into(),
                 outcome: ToolOutcome {
@@ -859,7 +859,7 @@ mod tests {
                     },
                 },
                 content: String::new(),
-            },
+            }),
         }
     }
 
@@ -1031,6 +1031,7 @@ mod tests {
             let mut rng = Rng(1);
             let mut kind = tool_finished(&mut rng, "r");
             if let EventKind::ToolCallFinished { result } = &mut kind {
+                let result = std::sync::Arc::make_mut(result);
                 result.name = "fetch".into();
                 result.outcome.result = if ok {
                     ToolResultKind::Ok {

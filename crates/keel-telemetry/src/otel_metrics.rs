@@ -66,7 +66,7 @@ impl GenAiMetrics {
             } => {
                 if let Ok(mut map) = self.requested.lock() {
                     map.insert(
-                        (event.run_id.clone(), *turn),
+                        (event.run_id.to_string(), *turn),
                         (model.clone(), provider.clone()),
                     );
                 }
@@ -108,7 +108,7 @@ impl GenAiMetrics {
             }
             EventKind::RunEnded { .. } => {
                 if let Ok(mut map) = self.requested.lock() {
-                    map.retain(|(run, _), _| run != &event.run_id);
+                    map.retain(|(run, _), _| **run != *event.run_id);
                 }
             }
             _ => {}
@@ -120,7 +120,7 @@ impl GenAiMetrics {
             .requested
             .lock()
             .ok()
-            .and_then(|mut m| m.remove(&(event.run_id.clone(), turn)))
+            .and_then(|mut m| m.remove(&(event.run_id.to_string(), turn)))
             .unwrap_or_default();
         let (p, name) = split_model(&model);
         let mut attrs = vec![

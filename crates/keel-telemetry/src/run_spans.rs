@@ -103,7 +103,10 @@ impl RunSpans {
     pub(crate) fn base_attrs(&self, operation: &str) -> BTreeMap<String, AttrValue> {
         let mut a = BTreeMap::new();
         a.insert("gen_ai.operation.name".into(), s(operation));
-        a.insert("gen_ai.conversation.id".into(), s(self.thread_id.clone()));
+        a.insert(
+            "gen_ai.conversation.id".into(),
+            s(self.thread_id.to_string()),
+        );
         if !self.agent.is_empty() {
             a.insert("gen_ai.agent.name".into(), s(self.agent.clone()));
         }

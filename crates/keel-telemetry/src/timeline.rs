@@ -58,8 +58,8 @@ fn events(records: &[TraceRecord]) -> impl Iterator<Item = &Event> {
 pub fn summarize_trace(records: &[TraceRecord]) -> Option<TraceSummary> {
     let first = events(records).next()?;
     let mut s = TraceSummary {
-        trace_id: first.trace_id.clone(),
-        run_id: first.run_id.clone(),
+        trace_id: first.trace_id.to_string(),
+        run_id: first.run_id.to_string(),
         agent: String::new(),
         model: String::new(),
         started: Some(first.ts),

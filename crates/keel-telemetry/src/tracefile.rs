@@ -120,7 +120,7 @@ pub fn read_thread_traces(
             continue;
         };
         let first = records.iter().find_map(|r| match r {
-            TraceRecord::Event { event } if event.thread_id == thread_id => Some(event.ts),
+            TraceRecord::Event { event } if &*event.thread_id == thread_id => Some(event.ts),
             _ => None,
         });
         if let Some(ts) = first {

@@ -149,7 +149,7 @@ impl TurnTracker {
 
     /// Starts records for `event` (call after folding it).
     pub fn after(&mut self, event: &Event) -> Vec<TurnRecord> {
-        let trace_id = event.trace_id.clone();
+        let trace_id = event.trace_id.to_string();
         let policy = self.policy();
         match &event.kind {
             EventKind::ModelRequested { turn, .. } => self.turn = *turn,

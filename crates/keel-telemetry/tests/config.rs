@@ -166,7 +166,7 @@ async fn an_unreachable_collector_never_blocks_and_is_reported() {
         seq: i % 2,
         ts: chrono::Utc::now(),
         thread_id: "t".into(),
-        run_id: format!("r{}", i / 2),
+        run_id: format!("r{}", i / 2).into(),
         trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
         span_id: "b7ad6b7169203331".into(),
         kind,

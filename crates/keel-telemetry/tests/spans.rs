@@ -57,7 +57,7 @@ fn failed_model_call_parallel_tools_and_compaction() {
     b.push(
         10,
         EventKind::ToolCallFinished {
-            result: keel_core::ToolResult {
+            result: std::sync::Arc::new(keel_core::ToolResult {
                 call_id: "a".into(),
                 name: "fetch".into(),
                 outcome: keel_core::ToolOutcome {
@@ -75,7 +75,7 @@ fn failed_model_call_parallel_tools_and_compaction() {
                     },
                 },
                 content: "1".into(),
-            },
+            }),
         },
     );
     b.push(
@@ -111,7 +111,7 @@ fn failed_model_call_parallel_tools_and_compaction() {
     assert_eq!(root.attr("keel.tool_errors"), Some(&AttrValue::Int(1)));
     let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
     assert_eq!(ids.len(), spans.len(), "span ids are unique");
-    assert!(spans.iter().all(|s| s.trace_id == run[0].trace_id));
+    assert!(spans.iter().all(|s| *s.trace_id == *run[0].trace_id));
     let fetch = spans
         .iter()
         .find(|s| s.name == "execute_tool fetch")

@@ -168,9 +168,9 @@ fn event(
         v: keel_core::EVENT_SCHEMA_VERSION,
         seq,
         ts,
-        thread_id: thread.to_string(),
-        run_id: run.to_string(),
-        trace_id: trace.to_string(),
+        thread_id: thread.to_string().into(),
+        run_id: run.to_string().into(),
+        trace_id: trace.to_string().into(),
         span_id: format!("{:016x}", seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         kind,
     }
@@ -293,12 +293,12 @@ impl Log {
             rng,
             3000,
             EventKind::ToolCallFinished {
-                result: ToolResult {
+                result: std::sync::Arc::new(ToolResult {
                     call_id: call.id.clone(),
                     name: name.into(),
                     outcome,
                     content: result,
-                },
+                }),
             },
         );
         call

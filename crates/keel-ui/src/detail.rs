@@ -48,7 +48,7 @@ fn render(
     let run_events = || {
         events
             .iter()
-            .filter(move |e| Some(e.run_id.as_str()) == run_id.as_deref())
+            .filter(move |e| Some(e.run_id.as_ref()) == run_id.as_deref())
     };
     let specific = match span.kind {
         Kind::Chat => chat(ui, thread_id, events, span, run_events().collect()),

@@ -140,7 +140,7 @@ fn trace_ids(ui: &Ui, events: &[Event]) -> Markup {
     let ids: Vec<&str> = events
         .iter()
         .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
-        .map(|e| e.trace_id.as_str())
+        .map(|e| e.trace_id.as_ref())
         .filter(|id| seen.insert(*id))
         .collect();
     html! {
@@ -197,9 +197,9 @@ pub(crate) fn pending_approvals(events: &[Event]) -> Vec<(String, String, String
         .iter()
         .rev()
         .find(|e| matches!(e.kind, EventKind::RunStarted { .. }))
-        .map(|e| e.run_id.as_str());
+        .map(|e| e.run_id.as_ref());
     let mut pending: Vec<(String, String, String)> = Vec::new();
-    for event in events.iter().filter(|e| Some(e.run_id.as_str()) == latest) {
+    for event in events.iter().filter(|e| Some(e.run_id.as_ref()) == latest) {
         match &event.kind {
             EventKind::ApprovalRequested {
                 call_id,
@@ -264,9 +264,9 @@ pub(crate) fn pending_question(events: &[Event]) -> Option<Question> {
         .iter()
         .rev()
         .find(|e| matches!(e.kind, EventKind::RunStarted { .. }))
-        .map(|e| e.run_id.as_str());
+        .map(|e| e.run_id.as_ref());
     let mut question: Option<Question> = None;
-    for event in events.iter().filter(|e| Some(e.run_id.as_str()) == latest) {
+    for event in events.iter().filter(|e| Some(e.run_id.as_ref()) == latest) {
         match &event.kind {
             EventKind::UserAsked {
                 question: text,

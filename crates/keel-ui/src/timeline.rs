@@ -188,10 +188,13 @@ fn approval_spans(events: &[Event], spans: &[SpanView], open_end: DateTime<Utc>)
                     AttrValue::Str(call_id.clone()),
                 );
                 attributes.insert("gen_ai.tool.name".into(), AttrValue::Str(name.clone()));
-                attributes.insert("keel.run.id".into(), AttrValue::Str(event.run_id.clone()));
+                attributes.insert(
+                    "keel.run.id".into(),
+                    AttrValue::Str(event.run_id.to_string()),
+                );
                 out.push(SpanView {
                     id: format!("approval-{}", sanitize(call_id)),
-                    parent: roots.get(event.run_id.as_str()).map(|id| id.to_string()),
+                    parent: roots.get(event.run_id.as_ref()).map(|id| id.to_string()),
                     name: format!("approval {name}"),
                     kind: Kind::Approval,
                     start: event.ts,

@@ -397,7 +397,9 @@ async fn eval_runs_grid_and_baseline_comparison() {
     );
 
     // A trial whose thread left the store is shown without a link.
-    let gone = f.current_report.scenarios[1].trials[1].thread_id.clone();
+    let gone = f.current_report.scenarios[1].trials[1]
+        .thread_id
+        .to_string();
     assert!(f.store.delete_thread(&gone).await.unwrap());
     let (_, html) = get(&f.url(&format!("/evals/{current}"))).await;
     let cell = section(&html, &format!("data-thread=\"{gone}\""), "</td>");

@@ -41,7 +41,7 @@ pub enum JobStart<'a> {
         /// The run's id.
         run_id: &'a str,
         /// The thread's latest run's events.
-        run_events: &'a [Event],
+        run_events: &'a [std::sync::Arc<Event>],
     },
 }
 
@@ -54,7 +54,7 @@ pub trait JobAgents: Send + Sync + 'static {
 
     /// The recipe the run of `run_events` recorded when it started (`Ok(None)` when it
     /// recorded none; `Err` when it cannot be read, e.g. another version wrote it).
-    fn recorded(&self, run_events: &[Event]) -> Result<Option<Self::Spec>, String>;
+    fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Self::Spec>, String>;
 
     /// Builds the agent of `spec` and its run context over `store` (no terminal: approvals
     /// pause the run), cancelled by `cancel`. An error fails the job (no retry).

@@ -392,7 +392,7 @@ mod tests {
             ts: Utc::now(),
             thread_id: "t".into(),
             run_id: "run_1".into(),
-            trace_id: "0".repeat(32),
+            trace_id: "0".repeat(32).into(),
             span_id: "0".repeat(16),
             kind: EventKind::Notice {
                 code: "test".into(),

@@ -48,7 +48,7 @@ struct Scripted;
 impl JobAgents for Scripted {
     type Spec = Spec;
 
-    fn recorded(&self, run_events: &[Event]) -> Result<Option<Spec>, String> {
+    fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Spec>, String> {
         let recipe = run_events.iter().find_map(|event| match &event.kind {
             EventKind::RunStarted {
                 definition: Some(definition),

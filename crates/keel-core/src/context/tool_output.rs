@@ -62,7 +62,8 @@ pub fn truncate_tool_results(message: &mut Message, max_chars: usize) -> Vec<Tru
             && let Some((text, shown, total)) =
                 truncate_tool_output(&result.content, max_chars, &result.name)
         {
-            result.content = text;
+            // Copies the result only when the log still shares it (it keeps the full text).
+            std::sync::Arc::make_mut(result).content = text;
             cut.push(TruncatedResult {
                 call_id: result.call_id.clone(),
                 tool: result.name.clone(),

@@ -252,7 +252,7 @@ impl Cassette {
     ) -> Result<Self, CassetteError> {
         let run: Vec<Event> = events
             .iter()
-            .filter(|e| e.run_id == run_id)
+            .filter(|e| &*e.run_id == run_id)
             .cloned()
             .collect();
         let Some((agent, model, definition)) = run.iter().find_map(|e| match &e.kind {

@@ -194,18 +194,18 @@ pub fn conversation() -> Vec<Message> {
         Message {
             role: Role::Tool,
             parts: vec![
-                Part::ToolResult(ToolResult {
+                Part::ToolResult(std::sync::Arc::new(ToolResult {
                     call_id: "call_a".into(),
                     name: "calculator".into(),
                     content: ok.render_for_model(),
                     outcome: ok,
-                }),
-                Part::ToolResult(ToolResult {
+                })),
+                Part::ToolResult(std::sync::Arc::new(ToolResult {
                     call_id: "call_b".into(),
                     name: "calculator".into(),
                     content: err.render_for_model(),
                     outcome: err,
-                }),
+                })),
             ],
         },
     ]

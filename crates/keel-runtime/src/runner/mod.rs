@@ -483,11 +483,11 @@ pub(crate) fn tool_finished(
 ) -> EventKind {
     let content = content.unwrap_or_else(|| outcome.render_for_model());
     EventKind::ToolCallFinished {
-        result: ToolResult {
+        result: std::sync::Arc::new(ToolResult {
             call_id: call.id,
             name: call.name,
             outcome,
             content,
-        },
+        }),
     }
 }

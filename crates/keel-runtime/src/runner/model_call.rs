@@ -62,13 +62,18 @@ fn request_messages<'m>(agent: &ToolAgent, messages: &'m [Message]) -> Cow<'m, [
     }
 }
 
-fn system_prompt(agent: &ToolAgent, journal: &Journal<'_>, final_summary: bool) -> Option<String> {
-    let mut system = agent.system_prompt.clone();
+fn system_prompt<'a>(
+    agent: &'a ToolAgent,
+    journal: &Journal<'_>,
+    final_summary: bool,
+) -> Option<std::borrow::Cow<'a, str>> {
+    // The agent's prompt is borrowed, not copied, for every ordinary model call.
+    let mut system = std::borrow::Cow::Borrowed(agent.system_prompt.as_str());
     if final_summary
         && let Some((_, reason, action_item)) =
             journal.state().run().and_then(|r| r.policy_stop.as_ref())
     {
-        system.push_str(&format!(
+        system.to_mut().push_str(&format!(
             "\n\nThe run is stopping: {reason}.{} Do not call any tool. In a few sentences, tell the user what happened{}.",
             action_item.as_ref().map(|item| format!(" Action item for the user: {item}")).unwrap_or_default(),
             if action_item.is_some() { " and what they need to do" } else { "" }

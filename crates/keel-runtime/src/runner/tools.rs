@@ -213,26 +213,7 @@ pub(super) async fn execute_tools(
             decision = decide_policy(agent, journal, &fallback_call, &outcome, true);
         }
         let content = content_for(agent, &outcome);
-        batch.push((
-            tool_finished(call.clone(), outcome.clone(), Some(content)),
-            new_span_id(),
-        ));
-        if let Some(decision) = decision {
-            if let PolicyDecision::AskUser {
-                question,
-                missing_fields,
-            } = &decision
-            {
-                batch.push((
-                    EventKind::UserAsked {
-                        question: question.clone(),
-                        missing_fields: missing_fields.clone(),
-                    },
-                    new_span_id(),
-                ));
-            }
-            batch.push(policy_event(&call, &outcome, decision));
-        }
+        batch.extend(finished_events(&call, outcome, Some(content), decision));
         if has_side_effect {
             journal.append_batch(batch).await?;
         } else {
@@ -376,27 +357,41 @@ async fn settle_interrupted(
     // A fallback tool is not run in place of a call whose effect is unknown.
     let decision = decide_policy(agent, journal, &call, &outcome, false)
         .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
-    let mut batch = vec![(
-        tool_finished(call.clone(), outcome.clone(), None),
-        new_span_id(),
-    )];
-    if let Some(decision) = decision {
-        if let PolicyDecision::AskUser {
-            question,
-            missing_fields,
-        } = &decision
-        {
-            batch.push((
-                EventKind::UserAsked {
-                    question: question.clone(),
-                    missing_fields: missing_fields.clone(),
-                },
-                new_span_id(),
-            ));
-        }
-        batch.push(policy_event(&call, &outcome, decision));
-    }
+    let batch = finished_events(&call, outcome, None, decision);
     journal.append_batch(batch).await
+}
+
+/// The events that close a call: its `ToolCallFinished` (which takes the outcome, not a
+/// copy of it), then — when the policy decided something — the question it asks the user
+/// and the decision.
+fn finished_events(
+    call: &ToolCall,
+    outcome: ToolOutcome,
+    content: Option<String>,
+    decision: Option<PolicyDecision>,
+) -> Vec<(EventKind, String)> {
+    let mut events = Vec::with_capacity(3);
+    let policy = decision.map(|decision| {
+        let asked = match &decision {
+            PolicyDecision::AskUser {
+                question,
+                missing_fields,
+            } => Some(EventKind::UserAsked {
+                question: question.clone(),
+                missing_fields: missing_fields.clone(),
+            }),
+            _ => None,
+        };
+        (asked, policy_event(call, &outcome, decision))
+    });
+    events.push((tool_finished(call.clone(), outcome, content), new_span_id()));
+    if let Some((asked, decision)) = policy {
+        if let Some(asked) = asked {
+            events.push((asked, new_span_id()));
+        }
+        events.push(decision);
+    }
+    events
 }
 
 fn policy_event(

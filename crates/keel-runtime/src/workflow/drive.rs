@@ -84,7 +84,7 @@ pub(crate) async fn drive(
         trace_id: journal
             .run_events()
             .first()
-            .map(|e| e.trace_id.clone())
+            .map(|e| e.trace_id.to_string())
             .unwrap_or_default(),
     };
     let input = log.input.clone();

@@ -39,9 +39,9 @@ pub(crate) struct WorkflowLog {
 
 impl WorkflowLog {
     /// Reads the events of one run (the thread's latest).
-    pub(crate) fn read(run_events: &[Event]) -> Self {
+    pub(crate) fn read(run_events: &[std::sync::Arc<Event>]) -> Self {
         let mut log = Self::default();
-        for event in run_events {
+        for event in run_events.iter().map(|event| &**event) {
             match &event.kind {
                 EventKind::RunStarted {
                     agent,

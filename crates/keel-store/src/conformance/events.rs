@@ -346,7 +346,11 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
             .await
             .map_err(backend(C, "append"))?;
     }
-    let ids = |list: &[ThreadSummary]| list.iter().map(|s| s.thread_id.clone()).collect::<Vec<_>>();
+    let ids = |list: &[ThreadSummary]| {
+        list.iter()
+            .map(|s| s.thread_id.to_string())
+            .collect::<Vec<_>>()
+    };
     let all = store
         .list_threads(&ThreadFilter::default())
         .await

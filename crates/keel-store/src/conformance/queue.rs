@@ -49,7 +49,12 @@ pub async fn queue_enqueue_acquire_complete(queue: Arc<dyn RunQueue>) -> R {
             .map_err(backend(C, "acquire"))?
             .ok_or_else(|| fail(C, "no job"))?;
         ensure_eq(C, "job order", lease.job_id, *id)?;
-        ensure_eq(C, "thread", lease.thread_id.clone(), format!("q-{}", i + 1))?;
+        ensure_eq(
+            C,
+            "thread",
+            lease.thread_id.to_string(),
+            format!("q-{}", i + 1),
+        )?;
         ensure_eq(C, "token", lease.token, 1)?;
         ensure_eq(C, "attempts", lease.attempts, 1)?;
         ensure_eq(C, "worker", lease.worker_id.as_str(), "w1")?;

@@ -93,7 +93,7 @@ const SPECS: &[Spec] = &[
 fn tool_result(thread: &str, n: usize, ok: bool, text: &str) -> EventKind {
     let call_id = format!("call_{n}");
     EventKind::ToolCallFinished {
-        result: ToolResult {
+        result: std::sync::Arc::new(ToolResult {
             call_id: call_id.clone(),
             name: "probe".into(),
             outcome: ToolOutcome {
@@ -119,7 +119,7 @@ fn tool_result(thread: &str, n: usize, ok: bool, text: &str) -> EventKind {
                 },
             },
             content: text.into(),
-        },
+        }),
     }
 }
 
@@ -719,7 +719,8 @@ pub async fn run_facts_follow_the_log(store: Arc<dyn EventStore>) -> Result<(), 
     // r3 (running) gets a repairable tool failure, its repair, a model call and an end.
     let mut repair = tool_result("acme.r3", 7, false, "bad input");
     if let EventKind::ToolCallFinished { result } = &mut repair
-        && let ToolResultKind::Error { code, .. } = &mut result.outcome.result
+        && let ToolResultKind::Error { code, .. } =
+            &mut std::sync::Arc::make_mut(result).outcome.result
     {
         *code = ToolErrorCode::InvalidInput;
     }

@@ -74,9 +74,9 @@ impl RunBuilder {
             v: EVENT_SCHEMA_VERSION,
             seq: self.events.len() as u64,
             ts: self.now,
-            thread_id: self.thread_id.clone(),
-            run_id: self.run_id.clone(),
-            trace_id: self.trace_id.clone(),
+            thread_id: self.thread_id.to_string().into(),
+            run_id: self.run_id.to_string().into(),
+            trace_id: self.trace_id.to_string().into(),
             span_id,
             kind,
         });
@@ -239,12 +239,12 @@ impl RunBuilder {
         self.push(
             latency_ms as i64,
             EventKind::ToolCallFinished {
-                result: ToolResult {
+                result: std::sync::Arc::new(ToolResult {
                     call_id: id.into(),
                     name: name.into(),
                     outcome,
                     content,
-                },
+                }),
             },
         );
         self
