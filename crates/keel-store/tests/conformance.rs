@@ -139,6 +139,7 @@ event_cases!(
     invalid_batch_among_valid,
     read_your_writes,
     append_with_sync,
+    append_shared,
     list_runs_figures_and_filters,
     list_runs_sorted_pages,
     list_runs_follows_the_log,
@@ -159,7 +160,7 @@ queue_cases!(
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
-    assert_eq!(conformance::EVENT_CASES.len(), 20);
+    assert_eq!(conformance::EVENT_CASES.len(), 21);
     assert_eq!(conformance::QUEUE_CASES.len(), 8);
 }
 

@@ -1002,3 +1002,61 @@ pub async fn append_with_sync(store: Arc<dyn EventStore>) -> R {
         vec!["s".to_string(); 2],
     )
 }
+
+/// `append_shared` (how the runner appends the events it keeps as `Arc<Event>`) has the
+/// contract of `append_with`: the same log as owned appends on the same thread, a stale
+/// shared batch is a conflict that writes nothing, a batch for another thread is refused,
+/// and the caller's events are stored as they were.
+pub async fn append_shared(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "append_shared";
+    let shared = |from: u64, n: u64, code: &str| -> Vec<Arc<Event>> {
+        tagged("t-shared", from, n, code)
+            .into_iter()
+            .map(Arc::new)
+            .collect()
+    };
+    let first = shared(0, 2, "a");
+    store
+        .append_shared("t-shared", 0, &first, AppendDurability::Default)
+        .await
+        .map_err(backend(C, "first shared append"))?;
+    store
+        .append("t-shared", 2, &tagged("t-shared", 2, 1, "b"))
+        .await
+        .map_err(backend(C, "owned append after shared ones"))?;
+    store
+        .append_shared("t-shared", 3, &shared(3, 2, "c"), AppendDurability::Sync)
+        .await
+        .map_err(backend(C, "sync shared append"))?;
+    let stale = store
+        .append_shared("t-shared", 1, &shared(1, 1, "x"), AppendDurability::Default)
+        .await;
+    ensure(C, is_conflict(&stale, 5), || {
+        format!("stale shared append: {stale:?}")
+    })?;
+    let foreign: Vec<Arc<Event>> = tagged("t-other", 5, 1, "y")
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let refused = store
+        .append_shared("t-shared", 5, &foreign, AppendDurability::Default)
+        .await;
+    ensure(
+        C,
+        matches!(refused, Err(StoreError::InvalidBatch(_))),
+        || format!("a batch of another thread: {refused:?}"),
+    )?;
+    let log = store.load("t-shared").await.map_err(backend(C, "load"))?;
+    ensure_eq(
+        C,
+        "codes",
+        codes(&log),
+        ["a", "a", "b", "c", "c"].map(String::from).to_vec(),
+    )?;
+    ensure_eq(
+        C,
+        "first events as appended",
+        log.get(..2).map(<[Event]>::to_vec),
+        Some(first.iter().map(|e| Event::clone(e)).collect::<Vec<_>>()),
+    )
+}

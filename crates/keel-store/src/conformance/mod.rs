@@ -18,9 +18,10 @@ use keel_core::store::EventStore;
 use crate::queue::RunQueue;
 
 pub use events::{
-    append_with_sync, batch_atomicity, concurrent_appenders, concurrent_conflicts_isolated,
-    conflict_on_wrong_seq, delete, empty_append, fork, invalid_batch, invalid_batch_among_valid,
-    list_threads, long_thread, purge, read_your_writes, round_trip, same_thread_race,
+    append_shared, append_with_sync, batch_atomicity, concurrent_appenders,
+    concurrent_conflicts_isolated, conflict_on_wrong_seq, delete, empty_append, fork,
+    invalid_batch, invalid_batch_among_valid, list_threads, long_thread, purge, read_your_writes,
+    round_trip, same_thread_race,
 };
 pub use queue::{
     queue_enqueue_acquire_complete, queue_exclusive_under_concurrency,
@@ -92,6 +93,7 @@ pub const EVENT_CASES: &[&str] = &[
     "invalid_batch_among_valid",
     "read_your_writes",
     "append_with_sync",
+    "append_shared",
     "list_runs_figures_and_filters",
     "list_runs_sorted_pages",
     "list_runs_follows_the_log",
@@ -120,6 +122,7 @@ pub async fn run_event_case(
         "invalid_batch_among_valid" => invalid_batch_among_valid(store).await,
         "read_your_writes" => read_your_writes(store).await,
         "append_with_sync" => append_with_sync(store).await,
+        "append_shared" => append_shared(store).await,
         "list_runs_figures_and_filters" => list_runs_figures_and_filters(store).await,
         "list_runs_sorted_pages" => list_runs_sorted_pages(store).await,
         "list_runs_follows_the_log" => list_runs_follows_the_log(store).await,
