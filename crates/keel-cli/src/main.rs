@@ -240,6 +240,11 @@ fn main() -> ExitCode {
     });
     // Dropping a runtime waits for every blocking task without limit; this does not.
     runtime.shutdown_timeout(Duration::from_secs(5));
+    // Generations of runs that were cancelled or timed out stop at their next batch of
+    // tokens; exiting while one is inside llama.cpp would crash (see the function).
+    if !keel_local::wait_until_idle(Duration::from_secs(60)) {
+        eprintln!("keel: a local model generation did not stop within 60 s of the end");
+    }
     match result {
         Ok(code) => ExitCode::from(code),
         Err(error) => {

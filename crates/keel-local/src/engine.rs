@@ -94,9 +94,37 @@ fn load_error(path: &Path, what: impl std::fmt::Display) -> ModelError {
     )
 }
 
+/// The loaded engines, by canonical path (weak: an engine unloads with its last model).
+static CACHE: OnceLock<Mutex<HashMap<PathBuf, Weak<Engine>>>> = OnceLock::new();
+
+/// Waits until no engine has a generation queued or running, or `timeout` passed; true
+/// when idle. A process must call it before it exits: a generation whose caller went away
+/// (a run that timed out or was cancelled) stops at its next batch boundary, but one
+/// still inside llama.cpp when `exit` runs the C++ library's static destructors crashes
+/// the process (a segfault on the `keel-local` thread after the command's work is done).
+pub fn wait_until_idle(timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let busy = CACHE.get().is_some_and(|cache| {
+            cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .filter_map(Weak::upgrade)
+                .any(|engine| engine.active.load(Ordering::SeqCst) > 0)
+        });
+        if !busy {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Loads (or returns the cached) engine for a file.
 pub(crate) fn load(path: &Path) -> Result<Arc<Engine>, ModelError> {
-    static CACHE: OnceLock<Mutex<HashMap<PathBuf, Weak<Engine>>>> = OnceLock::new();
     let canonical = std::fs::canonicalize(path).map_err(|e| {
         ModelError::new(
             ModelErrorKind::NotFound,

@@ -38,6 +38,7 @@ use keel_core::{
     ToolChoice, ToolDefinition,
 };
 
+pub use engine::wait_until_idle;
 pub use grammar::ToolFormat;
 pub use models::{
     InstalledModel, KnownModel, ModelsError, default_model_path, list, pull, resolve_model,
