@@ -31,6 +31,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0006_serving.sql",
     "0007_run_index.sql",
     "0008_run_metrics.sql",
+    "0009_threads_without_rowid.sql",
 );
 
 /// `migrations/postgres`, in order.
@@ -43,6 +44,7 @@ pub(crate) const POSTGRES: &[MigrationFile] = migration_files!("postgres":
     "0006_serving.sql",
     "0007_run_index.sql",
     "0008_run_metrics.sql",
+    "0009_append_group_linear.sql",
 );
 
 /// The migrator of one backend's files.
