@@ -14,7 +14,9 @@
 //!
 //! - Group commit: each store has one writer that commits the appends of all concurrent
 //!   runs together, one transaction (and one fsync when synchronous) per group, each
-//!   append under its own savepoint / subtransaction so every caller gets its own answer
+//!   append under its own savepoint (SQLite; Postgres: a conflict writes nothing, and a
+//!   group that raises runs again one subtransaction per append) so every caller gets
+//!   its own answer
 //!   (SQLite: `sqlite_writer`, a `rusqlite` connection on a dedicated thread that also
 //!   performs fork, delete, purge and queue updates, and that holds a group up to 0.5 ms
 //!   to gather more while runs append concurrently; Postgres: `postgres_writer`, one

@@ -7,7 +7,8 @@
 //! concurrent appenders on one thread — in this process or another — queue behind each
 //! other; the loser re-checks the guard and gets a conflict, so there is exactly one
 //! winner per seq), then one `INSERT ... SELECT FROM UNNEST(...)` of its batch, backed by
-//! the `(thread_id, seq)` primary key, all in its own subtransaction. Fork, delete, purge
+//! the `(thread_id, seq)` primary key (one subtransaction per group, one per append when
+//! something raises: [`crate::postgres_writer`]). Fork, delete, purge
 //! and the run queue use the pool directly. `load` is one `SELECT`.
 
 use std::str::FromStr;

@@ -1,12 +1,15 @@
 //! The Postgres group-commit writer: appends from every concurrent run of this process are
 //! gathered into groups, and each group is ONE call of the `keel_append_group` SQL
-//! function (migration `0002_append_group.sql`): one round trip, one transaction, one WAL
-//! flush at commit, instead of four round trips and a flush per append.
+//! function (migrations `0002_append_group.sql` and `0009_append_group_linear.sql`): one
+//! round trip, one transaction, one WAL flush at commit, instead of four round trips and a
+//! flush per append.
 //!
-//! Per-append semantics are those of a lone append: the function handles each append in
-//! its own subtransaction, in order, so a conflict (the guarded `UPDATE` of the summary
-//! row, backed by the `(thread_id, seq)` primary key) rolls back that append alone, and
-//! two appends to one thread in one group behave like sequential appends. Several groups
+//! Per-append semantics are those of a lone append: the function handles the appends in
+//! order, a conflict (the guarded `UPDATE` of the summary row touches no row) writes
+//! nothing of that append, and two appends to one thread in one group behave like
+//! sequential appends. The group runs in one subtransaction; if anything raises (e.g. the
+//! `(thread_id, seq)` primary key on a corrupt log) it runs again with one subtransaction
+//! per append, so such a failure still fails that append alone. Several groups
 //! (and several processes) may be in flight at once; row locks serialize appends to one
 //! thread across them exactly as before. Each group locks its threads in `thread_id`
 //! order (a stable sort keeps one thread's appends in arrival order), so two groups can
