@@ -1,7 +1,8 @@
 //! Call rules enforced by the runner (`ToolAgentBuilder::call_rule`): a report filed before
 //! its reads, with findings that cite nothing the tools returned, or a second time in the
 //! run is answered with an `invalid_input` error telling the model what to do — and the
-//! mutating tool never runs for it.
+//! mutating tool never runs for it. The same goes for a question to the user asked beside
+//! calls whose results may answer it (a rule of the runner itself).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -190,5 +191,76 @@ async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() 
             .iter()
             .all(|r| r.tools.iter().any(|t| t == "file_risk_report")),
         "the prompt keeps every tool"
+    );
+}
+
+/// A question asked beside calls that will run is refused (their results may answer it):
+/// the run goes on with the results instead of stopping for the user, and the model is
+/// told why. A question asked on its own still stops the run for the user.
+#[tokio::test]
+async fn a_question_asked_beside_running_calls_waits_for_their_results() {
+    let (details, runs) = tool(
+        "get_test_details",
+        Effect::ReadOnly,
+        json!({"error_rate": 0.02}),
+    );
+    let mut tools = ToolRegistry::new();
+    tools.register(details).unwrap();
+    let call = |name: &str, arguments: Value| keel_testkit::scripted::ScriptToolCall {
+        id: None,
+        name: name.into(),
+        arguments: Some(arguments),
+        arguments_raw: None,
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep {
+            tool_calls: vec![
+                call("get_test_details", json!({"release_id": "v2.1.0"})),
+                call(
+                    "ask_user",
+                    json!({"question": "What is the error rate?", "missing_fields": ["error_rate"]}),
+                ),
+            ],
+            ..ScriptStep::default()
+        },
+        ScriptStep::tool_call("ask_user", json!({"question": "Which region?"})),
+    ]));
+    let agent = ToolAgent::builder("detective", model.clone())
+        .tools(tools)
+        .build();
+    let store = Arc::new(MemoryStore::new());
+    let mut thread = Thread::new();
+    let outcome = agent
+        .run(
+            vec![Message::user("Assess release v2.1.0")],
+            &mut thread,
+            &RunContext::new(store.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The second, lone question stops the run as before.
+    assert_eq!(
+        outcome.end_state(),
+        Some(EndState::ClarifyNeeded),
+        "{outcome:?}"
+    );
+    let events = store.load(thread.id()).await.unwrap();
+    let asked: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::UserAsked { question, .. } => Some(question.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, ["Which region?"]);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let seen = requests[1].tool_result_contents();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].contains("0.02"), "{seen:?}");
+    assert!(
+        seen[1].contains("not asked") && seen[1].contains("`get_test_details`"),
+        "{seen:?}"
     );
 }

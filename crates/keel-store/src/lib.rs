@@ -58,6 +58,7 @@ mod rows;
 mod run_index;
 mod sqlite;
 mod sqlite_reader;
+mod sqlite_wal;
 mod sqlite_writer;
 
 pub mod conformance;

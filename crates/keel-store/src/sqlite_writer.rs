@@ -41,6 +41,8 @@
 //! The WAL is checkpointed by the background thread (PASSIVE, every
 //! [`CHECKPOINT_EVERY`] commits) instead of SQLite's automatic checkpoint, which would run
 //! — with its fsyncs — inside whichever commit crossed the threshold, inline ones too.
+//! Before each group's statements run, under its `BEGIN IMMEDIATE`, the WAL file is grown
+//! ahead of its content if needed ([`crate::sqlite_wal`]), so commits do not extend it.
 //!
 //! Hand-written rather than a crate: no maintained crate does group commit for SQLite;
 //! the rules (savepoint per job, reply after commit, one committer at a time) are the
@@ -54,6 +56,8 @@ use std::time::{Duration, Instant};
 use keel_core::store::{AppendDurability, StoreError};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
+
+use crate::sqlite_wal::WalGrowth;
 
 /// Most jobs in one transaction (bounds the latency of the first job of a big group).
 pub(crate) const MAX_GROUP: usize = 512;
@@ -179,7 +183,7 @@ pub(crate) struct SqliteWriter {
 /// What the callers and the background thread share.
 struct Shared {
     /// The one write connection; `None` once closed. Locked only by the committer.
-    conn: Mutex<Option<Connection>>,
+    conn: Mutex<Option<WriterConnection>>,
     queue: Mutex<Queue>,
     /// Wakes the background thread when work is handed to it.
     wake: Condvar,
@@ -360,8 +364,8 @@ impl SqliteWriter {
     /// the job itself, when the database was locked) to the background thread.
     fn commit_inline(&self, job: Box<dyn Job>) {
         let mut group = vec![job];
-        let outcome = match lock(&self.shared.conn).as_ref() {
-            Some(conn) => run_group(conn, &mut group, false),
+        let outcome = match lock(&self.shared.conn).as_mut() {
+            Some(writer) => run_group(writer, &mut group, false),
             None => Err(GroupFailure::Failed(WriterFailure(
                 "the SQLite store is closed: open it again to write".into(),
             ))),
@@ -467,17 +471,17 @@ fn background_loop(shared: &Shared) {
             }
             (group, checkpoint)
         };
-        let guard = lock(&shared.conn);
-        if let Some(conn) = guard.as_ref() {
+        let mut guard = lock(&shared.conn);
+        if let Some(writer) = guard.as_mut() {
             if checkpoint {
                 // PASSIVE: copies what no reader still needs, never waits for readers.
-                let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+                let _ = writer.conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
             } else {
                 let raise_sync = !shared.full_sync && group.iter().any(|job| job.wants_sync());
-                let outcome = run_group(conn, &mut group, raise_sync);
+                let outcome = run_group(writer, &mut group, raise_sync);
                 if raise_sync {
                     // Back to the store's level; if this fails later commits are merely safer.
-                    let _ = conn.execute_batch("PRAGMA synchronous = NORMAL");
+                    let _ = writer.conn.execute_batch("PRAGMA synchronous = NORMAL");
                 }
                 let jobs = group.len();
                 finish_group(&mut group, outcome);
@@ -503,7 +507,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
+fn open_connection(config: &WriterConfig) -> Result<WriterConnection, StoreError> {
     let fail = |what: &str, e: rusqlite::Error| {
         StoreError::Backend(format!(
             "SQLite writer {what} on {}: {e}",
@@ -540,7 +544,19 @@ fn open_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     })
     .map_err(|e| fail("pragmas", e))?;
     conn.set_prepared_statement_cache_capacity(64);
-    Ok(conn)
+    // After `wal_autocheckpoint`, which replaces the connection's WAL hook.
+    conn.wal_hook(Some(crate::sqlite_wal::note_commit));
+    let page_size: i64 = conn
+        .query_row("PRAGMA page_size", [], |row| row.get(0))
+        .map_err(|e| fail("page_size", e))?;
+    let wal = WalGrowth::new(&config.path, u64::try_from(page_size).unwrap_or(4096));
+    Ok(WriterConnection { conn, wal })
+}
+
+/// The writer's connection and what it tracks of its write-ahead log.
+struct WriterConnection {
+    conn: Connection,
+    wal: WalGrowth,
 }
 
 /// Why a group did not commit.
@@ -564,10 +580,11 @@ fn finish_group(group: &mut Vec<Box<dyn Job>>, outcome: Result<(), GroupFailure>
 }
 
 fn run_group(
-    conn: &Connection,
+    writer: &mut WriterConnection,
     group: &mut [Box<dyn Job>],
     raise_sync: bool,
 ) -> Result<(), GroupFailure> {
+    let conn = &writer.conn;
     let fail = |what: &str, e: rusqlite::Error| {
         GroupFailure::Failed(WriterFailure(format!("SQLite {what}: {e}")))
     };
@@ -587,6 +604,8 @@ fn run_group(
             GroupFailure::Failed(failure)
         });
     }
+    // The write lock is held: no other connection writes the log until COMMIT.
+    writer.wal.reserve();
     let single = group.len() == 1;
     for job in group.iter_mut() {
         if single {
@@ -618,6 +637,7 @@ fn run_group(
         let _ = rollback(conn);
         return Err(failure);
     }
+    writer.wal.committed();
     Ok(())
 }
 

@@ -34,7 +34,8 @@ pub(super) async fn execute_tools(
 ) -> Result<(), RunError> {
     // Calls that break one of the agent's call rules never run: each gets the rule's
     // message as an `invalid_input` result (a call resumed after it started is exempt).
-    let refusals = call_rule_refusals(agent, journal, &calls);
+    let mut refusals = call_rule_refusals(agent, journal, &calls);
+    refuse_premature_questions(agent, &calls, &mut refusals);
     let is_executed = |p: &PendingCall| {
         p.approval != Some(false)
             && p.call.name != ASK_USER
@@ -235,6 +236,47 @@ pub(super) async fn execute_tools(
 /// The calls of this turn that break one of the agent's call rules, with the message for
 /// the model, judged against the run's successful calls so far (from its log) and the
 /// calls let through earlier in the turn.
+/// A question to the user asked in the same turn as calls that will run is refused: their
+/// results may answer it. Without this, a model that asks for figures its own calls of the
+/// turn are about to return stops the run for an answer it already has — measured with
+/// Qwen2.5-Coder-1.5B on the Detective, which called `get_test_details` and, beside it,
+/// asked the user for the error rate, in every trial. The refusal is an `invalid_input`
+/// result telling the model why; after reading the results it may ask again.
+fn refuse_premature_questions(
+    agent: &ToolAgent,
+    calls: &[PendingCall],
+    refusals: &mut std::collections::HashMap<String, String>,
+) {
+    let running: Vec<&str> = calls
+        .iter()
+        .filter(|p| {
+            p.approval != Some(false)
+                && p.call.name != ASK_USER
+                && p.call.name != REPLAN
+                && agent.handoff_target(&p.call.name).is_none()
+                && !refusals.contains_key(&p.call.id)
+        })
+        .map(|p| p.call.name.as_str())
+        .collect();
+    if running.is_empty() {
+        return;
+    }
+    let names = running
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for pending in calls.iter().filter(|p| p.call.name == ASK_USER) {
+        refusals.insert(
+            pending.call.id.clone(),
+            format!(
+                "the question was not asked: this turn also calls {names}, whose results may \
+                 answer it. Read those results first; ask the user only for what they do not say."
+            ),
+        );
+    }
+}
+
 fn call_rule_refusals(
     agent: &ToolAgent,
     journal: &Journal<'_>,
