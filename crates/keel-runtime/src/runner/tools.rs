@@ -34,6 +34,7 @@ pub(super) async fn execute_tools(
 ) -> Result<(), RunError> {
     // Calls that break one of the agent's call rules never run: each gets the rule's
     // message as an `invalid_input` result (a call resumed after it started is exempt).
+    // So does a question to the user asked beside calls that will run.
     let mut refusals = call_rule_refusals(agent, journal, &calls);
     refuse_premature_questions(agent, &calls, &mut refusals);
     let is_executed = |p: &PendingCall| {
@@ -233,9 +234,6 @@ pub(super) async fn execute_tools(
     Ok(())
 }
 
-/// The calls of this turn that break one of the agent's call rules, with the message for
-/// the model, judged against the run's successful calls so far (from its log) and the
-/// calls let through earlier in the turn.
 /// A question to the user asked in the same turn as calls that will run is refused: their
 /// results may answer it. Without this, a model that asks for figures its own calls of the
 /// turn are about to return stops the run for an answer it already has — measured with
@@ -277,6 +275,9 @@ fn refuse_premature_questions(
     }
 }
 
+/// The calls of this turn that break one of the agent's call rules, with the message for
+/// the model, judged against the run's successful calls so far (from its log) and the
+/// calls let through earlier in the turn.
 fn call_rule_refusals(
     agent: &ToolAgent,
     journal: &Journal<'_>,
