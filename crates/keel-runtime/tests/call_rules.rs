@@ -63,6 +63,22 @@ fn read(name: &str) -> ScriptStep {
     ScriptStep::tool_call(name, json!({"release_id": "v2.1.0"}))
 }
 
+/// Runs the agent on "Assess release v2.1.0" in a new thread over a memory store.
+#[allow(clippy::unwrap_used)]
+async fn assess(agent: &ToolAgent) -> (keel_runtime::RunOutcome, Arc<MemoryStore>, Thread) {
+    let store = Arc::new(MemoryStore::new());
+    let mut thread = Thread::new();
+    let outcome = agent
+        .run(
+            vec![Message::user("Assess release v2.1.0")],
+            &mut thread,
+            &RunContext::new(store.clone()),
+        )
+        .await
+        .unwrap();
+    (outcome, store, thread)
+}
+
 #[tokio::test]
 async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() {
     let (summary, _) = tool(
@@ -107,16 +123,7 @@ async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() 
             grounded: vec!["/findings".into()],
         })
         .build();
-    let store = Arc::new(MemoryStore::new());
-    let mut thread = Thread::new();
-    let outcome = agent
-        .run(
-            vec![Message::user("Assess release v2.1.0")],
-            &mut thread,
-            &RunContext::new(store.clone()),
-        )
-        .await
-        .unwrap();
+    let (outcome, store, thread) = assess(&agent).await;
     assert_eq!(outcome.end_state(), Some(EndState::Done), "{outcome:?}");
     assert_eq!(
         filed.load(Ordering::SeqCst),
@@ -228,16 +235,7 @@ async fn a_question_asked_beside_running_calls_waits_for_their_results() {
     let agent = ToolAgent::builder("detective", model.clone())
         .tools(tools)
         .build();
-    let store = Arc::new(MemoryStore::new());
-    let mut thread = Thread::new();
-    let outcome = agent
-        .run(
-            vec![Message::user("Assess release v2.1.0")],
-            &mut thread,
-            &RunContext::new(store.clone()),
-        )
-        .await
-        .unwrap();
+    let (outcome, store, thread) = assess(&agent).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The second, lone question stops the run as before.
     assert_eq!(
