@@ -32,6 +32,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0007_run_index.sql",
     "0008_run_metrics.sql",
     "0009_threads_without_rowid.sql",
+    "0010_event_body_without_columns.sql",
 );
 
 /// `migrations/postgres`, in order.

@@ -25,8 +25,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, Postgres, QueryBuilder, Row, Transaction};
 
 use crate::rows::{
-    Batch, ThreadRow, backend, conflict, is_unique_violation, parse_event, rebase, status_columns,
-    to_i64, ts_to_ns_saturating,
+    Batch, BodyFormat, ThreadRow, backend, conflict, is_unique_violation, parse_event, rebase,
+    status_columns, to_i64, ts_to_ns_saturating,
 };
 
 /// Settings for [`PostgresStore::connect_with`].
@@ -346,7 +346,7 @@ impl PostgresStore {
         }
         let expected = to_i64("expected_next_seq", expected_next_seq)?;
         // Serializing happens here, on the caller's task, before the group is formed.
-        let batch = Batch::new(events)?;
+        let batch = Batch::new(events, BodyFormat::Whole)?;
         self.writer
             .append(thread_id.to_string(), expected, batch)
             .await
@@ -477,7 +477,7 @@ impl EventStore for PostgresStore {
             return Err(StoreError::NotFound(source.to_string()));
         }
         let events = rebase(source, target, &bodies)?;
-        let batch = Batch::new(&events)?;
+        let batch = Batch::new(&events, BodyFormat::Whole)?;
         write_batch(&mut tx, target, 0, &batch).await?;
         tx.commit()
             .await

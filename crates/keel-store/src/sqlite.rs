@@ -20,7 +20,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::event::Event;
 use keel_core::store::{
-    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadSummary, check_batch,
+    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary,
+    check_batch,
 };
 use rusqlite::{Connection, params};
 use sqlx::sqlite::{
@@ -29,10 +30,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use crate::rows::{
-    Batch, ThreadRow, backend, conflict, status_columns, to_i64, ts_to_ns_saturating,
+    Batch, BodyFormat, ThreadRow, backend, conflict, status_columns, to_i64, ts_to_ns_saturating,
 };
-use crate::sqlite_reader::SqliteReader;
-use crate::sqlite_writer::{SqliteWriter, WriterConfig};
+use crate::sqlite_reader::{SqliteReader, read_events};
+use crate::sqlite_writer::{Guard, SqliteWriter, WriterConfig};
 
 /// Where `keel` keeps its store by default, relative to the working directory.
 pub const DEFAULT_SQLITE_PATH: &str = ".keel/keel.db";
@@ -204,30 +205,75 @@ fn is_unique_violation_rs(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// Inserts the rows of a batch with one cached single-row statement (re-running a
-/// prepared statement costs less than building a multi-row one per batch).
+/// Most rows in one `INSERT` (6 parameters each: far below SQLite's parameter limit).
+const ROWS_PER_INSERT: usize = 16;
+
+/// The `INSERT` of `n` event rows (1..=[`ROWS_PER_INSERT`]), built once per row count.
+fn insert_sql(n: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (1..=ROWS_PER_INSERT)
+            .map(|n| {
+                let values = vec!["(?, ?, ?, ?, ?, ?)"; n].join(", ");
+                format!(
+                    "INSERT INTO events (thread_id, seq, type, run_id, ts, body) VALUES {values}"
+                )
+            })
+            .collect()
+    });
+    all.get(n.clamp(1, ROWS_PER_INSERT) - 1)
+        .map_or("", String::as_str)
+}
+
+/// Inserts the rows of a batch, up to [`ROWS_PER_INSERT`] per cached statement: one
+/// statement per batch instead of one per event (W1: 10 executions per conversation → 3,
+/// each with its cache lookup, bindings and statement journal).
 fn insert_events(conn: &Connection, thread_id: &str, batch: &Batch) -> Result<(), rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO events (thread_id, seq, type, run_id, ts, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
-    for row in &batch.rows {
-        stmt.execute(params![
-            thread_id,
-            row.seq,
-            row.kind,
-            row.run_id.as_str(),
-            row.ts,
-            row.body.as_str()
-        ])?;
+    for chunk in batch.rows.chunks(ROWS_PER_INSERT) {
+        let mut stmt = conn.prepare_cached(insert_sql(chunk.len()))?;
+        let mut index = 0;
+        let mut bind = |value: &dyn rusqlite::ToSql| {
+            index += 1;
+            stmt.raw_bind_parameter(index, value)
+        };
+        for row in chunk {
+            bind(&thread_id)?;
+            bind(&row.seq)?;
+            bind(&row.kind)?;
+            bind(&row.run_id.as_str())?;
+            bind(&row.ts)?;
+            bind(&row.body.as_str())?;
+        }
+        stmt.raw_execute()?;
     }
     Ok(())
+}
+
+/// What a batch checks and reads before writing: the thread's event count (its last
+/// `seq` plus one, from the events' `(thread_id, seq)` key) and its summary row's status
+/// (`None`: no row yet), in one statement.
+fn thread_position(
+    conn: &Connection,
+    thread_id: &str,
+) -> Result<(i64, Option<String>), StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT (SELECT max(seq) FROM events WHERE thread_id = ?1), \
+             (SELECT status FROM threads WHERE thread_id = ?1)",
+        )
+        .map_err(|e| backend("sqlite read the thread's position", e))?;
+    let (last, status): (Option<i64>, Option<String>) = stmt
+        .query_row([thread_id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .map_err(|e| backend("sqlite read the thread's position", e))?;
+    Ok((last.map_or(0, |seq| seq.saturating_add(1)), status))
 }
 
 /// Writes a checked, non-empty batch on the writer's connection (inside its group
 /// transaction): the optimistic-concurrency check against the events' last `seq`, the
 /// summary row (inserted for a new thread; updated unless the thread is running and stays
-/// so with the same agent — migration `0004`), then the events. On `Err` the writer rolls
-/// this job back to its savepoint.
+/// so with the same agent — migration `0004`), then the events. It checks before it
+/// writes, so a conflict writes nothing (appends run without a savepoint of their own:
+/// [`Guard::Unwritten`]).
 fn write_batch(
     conn: &Connection,
     thread_id: &str,
@@ -235,16 +281,16 @@ fn write_batch(
     batch: &Batch,
 ) -> Result<(), StoreError> {
     let expected_i = to_i64("expected_next_seq", expected)?;
-    let actual = event_count(conn, thread_id)?;
+    let (actual, stored_status) = thread_position(conn, thread_id)?;
     if actual != expected_i {
         return Err(conflict(thread_id, expected, actual));
     }
     let count = i64::try_from(batch.rows.len()).unwrap_or(i64::MAX);
-    let inserted = if expected == 0 {
+    if stored_status.is_none() {
         let (status, end_state) = status_columns(batch.initial_status());
         conn.prepare_cached(
             "INSERT INTO threads (thread_id, agent, status, end_state, event_count, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -252,19 +298,20 @@ fn write_batch(
                 batch.agent.as_deref(),
                 status,
                 end_state,
-                count,
+                expected_i.saturating_add(count),
                 batch.first_ts,
                 batch.last_ts
             ])
         })
-        .map_err(|e| backend("sqlite insert thread", e))?
-    } else {
-        0
-    };
-    if inserted == 0 {
+        .map_err(|e| backend("sqlite insert thread", e))?;
+    } else if stored_status.as_deref() != Some("running")
+        || batch.status.is_some_and(|s| s != ThreadStatus::Running)
+        || batch.agent.is_some()
+    {
         // The row is rewritten unless the thread is running and stays so with the same
-        // agent (most batches): a running thread's count and time are read from its last
-        // event instead (`list_threads`), every other row stays exact.
+        // agent (most batches, which skip this statement): a running thread's count and
+        // time are read from its last event instead (`list_threads`), every other row
+        // stays exact.
         let (status, end_state) = match batch.status.map(status_columns) {
             Some((s, e)) => (Some(s), e),
             None => (None, None),
@@ -316,7 +363,7 @@ impl SqliteStore {
             let expected_i = to_i64("expected_next_seq", expected_next_seq)?;
             return self
                 .writer
-                .call(durability, move |conn: &Connection| {
+                .call_guarded(durability, Guard::Unwritten, move |conn: &Connection| {
                     let actual = event_count(conn, &thread)?;
                     if actual == expected_i {
                         Ok(())
@@ -327,9 +374,10 @@ impl SqliteStore {
                 .await;
         }
         // Serializing happens here, on the caller's task, not on the writer thread.
-        let batch = Batch::new(events)?;
+        let batch = Batch::new(events, BodyFormat::WithoutColumns)?;
+        // Guard::Unwritten: write_batch checks before it writes (sqlite_writer docs).
         self.writer
-            .call(durability, move |conn: &Connection| {
+            .call_guarded(durability, Guard::Unwritten, move |conn: &Connection| {
                 write_batch(conn, &thread, expected_next_seq, &batch)
             })
             .await
@@ -460,23 +508,18 @@ impl EventStore for SqliteStore {
                 if existing != 0 {
                     return Err(conflict(&target, 0, existing));
                 }
-                let bodies = conn
-                    .prepare_cached(
-                        "SELECT body FROM events WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
-                    )
-                    .and_then(|mut stmt| {
-                        stmt.query_map(
-                            params![source, i64::try_from(at_seq).unwrap_or(i64::MAX)],
-                            |row| row.get::<_, String>(0),
-                        )?
-                        .collect::<Result<Vec<String>, _>>()
-                    })
-                    .map_err(|e| backend("sqlite fork read", e))?;
-                if bodies.is_empty() {
+                // Read as the target's events: the body holds no thread id (`BodyFormat`).
+                let events = read_events(
+                    conn,
+                    "SELECT seq, ts, run_id, body FROM events WHERE thread_id = ?1 AND seq <= ?2 \
+                     ORDER BY seq",
+                    params![source, i64::try_from(at_seq).unwrap_or(i64::MAX)],
+                    &target,
+                )?;
+                if events.is_empty() {
                     return Err(StoreError::NotFound(source));
                 }
-                let events = crate::rows::rebase(&source, &target, &bodies)?;
-                let batch = Batch::new(&events)?;
+                let batch = Batch::new(&events, BodyFormat::WithoutColumns)?;
                 write_batch(conn, &target, 0, &batch)?;
                 Ok(events.len() as u64)
             })

@@ -12,7 +12,7 @@ use keel_core::event::Event;
 use keel_core::store::StoreError;
 use rusqlite::{Connection, OpenFlags};
 
-use crate::rows::{backend, parse_event};
+use crate::rows::{EventRows, RowColumns, backend};
 
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 4;
@@ -85,19 +85,39 @@ fn open(path: &PathBuf, busy_timeout: Duration) -> Result<Connection, StoreError
 }
 
 fn load_on(conn: &Connection, thread_id: &str) -> Result<Vec<Event>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached("SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq")
-        .map_err(|e| backend("sqlite load", e))?;
-    let mut rows = stmt
-        .query([thread_id])
-        .map_err(|e| backend("sqlite load", e))?;
+    read_events(
+        conn,
+        "SELECT seq, ts, run_id, body FROM events WHERE thread_id = ?1 ORDER BY seq",
+        [thread_id],
+        thread_id,
+    )
+}
+
+/// Runs `sql` — a query whose columns are `seq, ts, run_id, body` of one thread's event
+/// rows, in order — and rebuilds the events as `thread_id`'s ([`EventRows`]).
+pub(crate) fn read_events(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    thread_id: &str,
+) -> Result<Vec<Event>, StoreError> {
+    let fail = |e: rusqlite::Error| backend("sqlite read events", e);
+    let mut stmt = conn.prepare_cached(sql).map_err(fail)?;
+    let mut rows = stmt.query(params).map_err(fail)?;
     let mut events = Vec::new();
-    while let Some(row) = rows.next().map_err(|e| backend("sqlite load", e))? {
-        let body = row
-            .get_ref(0)
-            .and_then(|value| value.as_str().map_err(Into::into))
-            .map_err(|e| backend("sqlite load body", e))?;
-        events.push(parse_event(thread_id, body)?);
+    let mut rebuild = EventRows::new(thread_id);
+    while let Some(row) = rows.next().map_err(fail)? {
+        let text = |i: usize| {
+            row.get_ref(i)
+                .and_then(|value| value.as_str().map_err(Into::into))
+        };
+        let columns = RowColumns {
+            seq: row.get(0).map_err(fail)?,
+            ts: row.get(1).map_err(fail)?,
+            run_id: text(2).map_err(fail)?,
+            body: text(3).map_err(fail)?,
+        };
+        events.push(rebuild.event(&columns)?);
     }
     Ok(events)
 }

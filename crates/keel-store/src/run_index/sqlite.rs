@@ -22,7 +22,7 @@ use super::{
     sort_expression, summary,
 };
 use crate::SqliteStore;
-use crate::rows::{backend, parse_event, status_columns, ts_to_ns_saturating};
+use crate::rows::{backend, status_columns, ts_to_ns_saturating};
 
 /// How long a read waits for a lock (WAL readers rarely do).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -335,20 +335,12 @@ fn events_from(
     thread_id: &str,
     from_seq: i64,
 ) -> Result<Vec<keel_core::Event>, StoreError> {
-    let fail = |e: rusqlite::Error| backend("sqlite read events to index", e);
-    let mut stmt = conn
-        .prepare_cached("SELECT body FROM events WHERE thread_id = ?1 AND seq >= ?2 ORDER BY seq")
-        .map_err(fail)?;
-    let mut rows = stmt.query(params![thread_id, from_seq]).map_err(fail)?;
-    let mut events = Vec::new();
-    while let Some(row) = rows.next().map_err(fail)? {
-        let body = row
-            .get_ref(0)
-            .and_then(|value| value.as_str().map_err(Into::into))
-            .map_err(fail)?;
-        events.push(parse_event(thread_id, body)?);
-    }
-    Ok(events)
+    crate::sqlite_reader::read_events(
+        conn,
+        "SELECT seq, ts, run_id, body FROM events WHERE thread_id = ?1 AND seq >= ?2 ORDER BY seq",
+        params![thread_id, from_seq],
+        thread_id,
+    )
 }
 
 /// Writes the folded rows (on the writer's connection, inside its transaction): each only
