@@ -30,11 +30,12 @@
 //! other jobs of its group. Appends skip the savepoint ([`Guard::Unwritten`]): they check
 //! before they write, so a conflict writes nothing; should one fail after a statement of
 //! it completed (disk full, an I/O error), the whole group is rolled back and each of its
-//! jobs fails. Two fewer statements per append in a group (W2: CPU −11 %). Jobs run in arrival order, so two appends to one thread in one
-//! group behave exactly like sequential appends. Every caller is answered only after its
-//! group's `COMMIT` returned (one WAL write, and one fsync when the commit is
-//! synchronous), so a reply means "durable at the level asked for". Apart from the gather
-//! window of concurrent appends (above), no delay is added.
+//! jobs fails. Two fewer statements per append in a group (W2: CPU −11 %). Jobs run in
+//! arrival order, so two appends to one thread in one group behave exactly like
+//! sequential appends. Every caller is answered only after its group's `COMMIT` returned
+//! (one WAL write, and one fsync when the commit is synchronous), so a reply means
+//! "durable at the level asked for". Apart from the gather window of concurrent appends
+//! (above), no delay is added.
 //!
 //! A job may ask for a synchronous commit ([`AppendDurability::Sync`]): its group then
 //! commits with `synchronous=FULL` (the pragma cannot change inside a transaction, so it
