@@ -756,6 +756,20 @@ mod tests {
         full.close().await;
     }
 
+    /// The values in table `t`, in order.
+    async fn rows_of_t(w: &SqliteWriter) -> Vec<i64> {
+        w.call(AppendDurability::Default, |c: &Connection| {
+            let mut stmt = c
+                .prepare("SELECT x FROM t ORDER BY x")
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            stmt.query_map([], |r| r.get(0))
+                .and_then(|rows| rows.collect())
+                .map_err(|e| StoreError::Backend(e.to_string()))
+        })
+        .await
+        .unwrap()
+    }
+
     /// A failing job is rolled back alone; the jobs around it in its group commit.
     #[tokio::test]
     async fn failing_job_rolls_back_alone() {
@@ -785,17 +799,7 @@ mod tests {
         for (x, result) in results.iter().enumerate() {
             assert_eq!(result.is_ok(), x % 3 != 0, "job {x}: {result:?}");
         }
-        let rows: Vec<i64> = w
-            .call(AppendDurability::Default, |c: &Connection| {
-                let mut stmt = c
-                    .prepare("SELECT x FROM t ORDER BY x")
-                    .map_err(|e| StoreError::Backend(e.to_string()))?;
-                stmt.query_map([], |r| r.get(0))
-                    .and_then(|rows| rows.collect())
-                    .map_err(|e| StoreError::Backend(e.to_string()))
-            })
-            .await
-            .unwrap();
+        let rows = rows_of_t(&w).await;
         assert_eq!(rows, (0..30).filter(|x| x % 3 != 0).collect::<Vec<_>>());
         w.close().await;
     }
@@ -909,6 +913,32 @@ mod tests {
         }
     }
 
+    /// Starts a job that keeps the writer committing until the returned sender is used
+    /// (its handle answers once it committed).
+    async fn hold_writer(
+        w: &std::sync::Arc<SqliteWriter>,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ) {
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::spawn({
+            let w = w.clone();
+            async move {
+                w.call(AppendDurability::Default, move |_: &Connection| {
+                    release_rx
+                        .recv()
+                        .map_err(|e| StoreError::Backend(e.to_string()))
+                })
+                .await
+            }
+        });
+        while !lock(&w.shared.queue).committing {
+            tokio::task::yield_now().await;
+        }
+        (release_tx, blocker)
+    }
+
     /// A sequential caller commits on its own thread; once a commit ended with jobs queued
     /// behind it, the next caller that finds the writer idle is gathered on the writer
     /// thread instead, and every caller is answered.
@@ -933,21 +963,7 @@ mod tests {
             .unwrap();
         assert!(!writer_thread(&name), "a lone call ran on {name}");
         // A commit that others queue behind.
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let blocker = tokio::spawn({
-            let w = w.clone();
-            async move {
-                w.call(AppendDurability::Default, move |_: &Connection| {
-                    release_rx
-                        .recv()
-                        .map_err(|e| StoreError::Backend(e.to_string()))
-                })
-                .await
-            }
-        });
-        while !lock(&w.shared.queue).committing {
-            tokio::task::yield_now().await;
-        }
+        let (release_tx, blocker) = hold_writer(&w).await;
         let followers: Vec<_> = (0..3)
             .map(|_| {
                 let w = w.clone();
@@ -982,21 +998,7 @@ mod tests {
         w: &std::sync::Arc<SqliteWriter>,
         jobs: Vec<TestJob<T>>,
     ) -> Vec<Result<T, StoreError>> {
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let blocker = tokio::spawn({
-            let w = w.clone();
-            async move {
-                w.call(AppendDurability::Default, move |_: &Connection| {
-                    release_rx
-                        .recv()
-                        .map_err(|e| StoreError::Backend(e.to_string()))
-                })
-                .await
-            }
-        });
-        while !lock(&w.shared.queue).committing {
-            tokio::task::yield_now().await;
-        }
+        let (release_tx, blocker) = hold_writer(w).await;
         let n = jobs.len();
         let mut calls = Vec::new();
         for (i, job) in jobs.into_iter().enumerate() {
@@ -1080,17 +1082,7 @@ mod tests {
                 "{results:?}"
             );
         }
-        let rows: Vec<i64> = w
-            .call(AppendDurability::Default, |c: &Connection| {
-                let mut stmt = c
-                    .prepare("SELECT x FROM t ORDER BY x")
-                    .map_err(|e| StoreError::Backend(e.to_string()))?;
-                stmt.query_map([], |r| r.get(0))
-                    .and_then(|rows| rows.collect())
-                    .map_err(|e| StoreError::Backend(e.to_string()))
-            })
-            .await
-            .unwrap();
+        let rows = rows_of_t(&w).await;
         assert_eq!(rows, vec![1, 2]);
         w.close().await;
     }
