@@ -507,7 +507,23 @@ impl Connection {
         };
         let request_id = handle.id.clone();
         let token = progress_key(&handle.progress_token);
-        lock(&self.shared.progress).insert(token.clone(), (keel_name.clone(), ctx.call_id.clone()));
+        {
+            let mut progress = lock(&self.shared.progress);
+            // Calls that returned long enough ago no longer route late notifications.
+            progress.retain(|_, target| {
+                target
+                    .ended
+                    .is_none_or(|ended| ended.elapsed() < crate::handler::LATE_PROGRESS)
+            });
+            progress.insert(
+                token.clone(),
+                crate::handler::ProgressTarget {
+                    tool: keel_name.clone(),
+                    call_id: ctx.call_id.clone(),
+                    ended: None,
+                },
+            );
+        }
         let _progress = ProgressGuard {
             shared: &self.shared,
             token,
@@ -655,8 +671,12 @@ struct ProgressGuard<'a> {
 }
 
 impl Drop for ProgressGuard<'_> {
+    /// Marks the call returned; its token keeps routing the notifications still being
+    /// handled for [`crate::handler::LATE_PROGRESS`] (the next call removes it).
     fn drop(&mut self) {
-        lock(&self.shared.progress).remove(&self.token);
+        if let Some(target) = lock(&self.shared.progress).get_mut(&self.token) {
+            target.ended = Some(std::time::Instant::now());
+        }
     }
 }
 

@@ -45,11 +45,28 @@ pub(crate) struct Catalog {
     pub(crate) skipped: Vec<String>,
 }
 
+/// How long a finished call's progress token still routes notifications: rmcp hands
+/// each notification to its own task, so one the server sent before its answer may be
+/// handled after the call returned.
+pub(crate) const LATE_PROGRESS: Duration = Duration::from_secs(30);
+
+/// The call a progress token reports on.
+pub(crate) struct ProgressTarget {
+    /// Keel's name of the tool.
+    pub(crate) tool: String,
+    /// The call's id.
+    pub(crate) call_id: String,
+    /// When the call returned (`None`: still running); the entry goes once this is older
+    /// than [`LATE_PROGRESS`].
+    pub(crate) ended: Option<std::time::Instant>,
+}
+
 /// State shared between the connection and rmcp's notification handler.
 pub(crate) struct Shared {
     pub(crate) server: String,
     pub(crate) notices: broadcast::Sender<McpNotice>,
-    pub(crate) progress: Mutex<HashMap<String, (String, String)>>,
+    /// Progress token → the call it reports on ([`ProgressTarget`]).
+    pub(crate) progress: Mutex<HashMap<String, ProgressTarget>>,
     pub(crate) catalog: RwLock<Catalog>,
     pub(crate) stderr_tail: Mutex<VecDeque<String>>,
     pub(crate) call_timeout: Duration,
@@ -153,7 +170,7 @@ impl ClientHandler for Handler {
     ) {
         let target = lock(&self.shared.progress)
             .get(&progress_key(&params.progress_token))
-            .cloned();
+            .map(|target| (target.tool.clone(), target.call_id.clone()));
         if let Some((tool, call_id)) = target {
             self.shared.notify(McpNotice::Progress {
                 server: self.shared.server.clone(),
