@@ -85,6 +85,62 @@ pub fn withheld_tools(rules: &[CallRule], succeeded: &[&str]) -> Vec<String> {
     withheld
 }
 
+/// How far the run got with one tool, as [`expected_tools`] sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolProgress {
+    /// Successful calls.
+    pub succeeded: u32,
+    /// Failed calls, refusals by the rules included once the tool was no longer withheld
+    /// (a call refused while it was withheld says nothing about the tool).
+    pub failed: u32,
+    /// Whether the latest failure is one a retry cannot fix (`not_found`, `forbidden`…).
+    pub failed_for_good: bool,
+}
+
+impl ToolProgress {
+    /// Whether the run is done with this tool: it succeeded, failed in a way a retry
+    /// cannot fix, or failed twice (one retry is all the rules' sequence asks for).
+    pub fn settled(&self) -> bool {
+        self.succeeded > 0 || self.failed_for_good || self.failed >= 2
+    }
+}
+
+/// The tools the call rules still expect, in the order they declare them: each rule's
+/// `after` tools the run is not done with, then — once none of those is missing, the
+/// rule's tool is not withheld and the run is not done with it — the rule's own tool. A
+/// rule with `after` declares a sequence ending in its tool ("file the report after both
+/// reads"); this is where the run stands in it. `progress` says how far the run got with
+/// a tool (absent: never called). A model that cannot decide well whether to call a tool
+/// (keel-local's eager tools, for models under a billion parameters) is asked for another
+/// call while this is not empty, restricted to these tools, and for a text answer once it
+/// is; a rule without `after` expects nothing.
+pub fn expected_tools(
+    rules: &[CallRule],
+    progress: &dyn Fn(&str) -> ToolProgress,
+    withheld: &[String],
+) -> Vec<String> {
+    let mut expected: Vec<String> = Vec::new();
+    let mut push = |tool: &str| {
+        if !expected.iter().any(|t| t == tool) {
+            expected.push(tool.to_owned());
+        }
+    };
+    for rule in rules.iter().filter(|r| !r.after.is_empty()) {
+        let missing: Vec<&String> = rule
+            .after
+            .iter()
+            .filter(|tool| !progress(tool).settled())
+            .collect();
+        for tool in &missing {
+            push(tool);
+        }
+        if missing.is_empty() && !withheld.contains(&rule.tool) && !progress(&rule.tool).settled() {
+            push(&rule.tool);
+        }
+    }
+    expected
+}
+
 fn check_after(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> Result<(), String> {
     let same = |call: &PastCall<'_>| {
         rule.same
@@ -373,6 +429,77 @@ mod tests {
             ..CallRule::default()
         };
         assert!(withheld_tools(&[grounded_only], &[]).is_empty());
+    }
+
+    #[test]
+    fn expected_tools_walk_the_declared_sequence() {
+        fn at<'a>(done: &'a [(&'a str, ToolProgress)]) -> impl Fn(&str) -> ToolProgress + 'a {
+            move |tool: &str| {
+                done.iter()
+                    .find(|(t, _)| *t == tool)
+                    .map_or(ToolProgress::default(), |(_, p)| *p)
+            }
+        }
+        let rules = [rule()];
+        let ok = ToolProgress {
+            succeeded: 1,
+            ..ToolProgress::default()
+        };
+        let retryable = ToolProgress {
+            failed: 1,
+            ..ToolProgress::default()
+        };
+        let gone = ToolProgress {
+            failed: 1,
+            failed_for_good: true,
+            ..ToolProgress::default()
+        };
+        let withheld = ["file_risk_report".to_owned()];
+        // Nothing called yet: both reads, in the declared order.
+        assert_eq!(
+            expected_tools(&rules, &at(&[]), &withheld),
+            ["get_release_summary", "get_test_details"]
+        );
+        // One read done, the other failed once (a retry is still expected).
+        assert_eq!(
+            expected_tools(
+                &rules,
+                &at(&[("get_release_summary", ok), ("get_test_details", retryable)]),
+                &withheld
+            ),
+            ["get_test_details"]
+        );
+        // Both reads done, the report is no longer withheld: the report.
+        let read = [("get_release_summary", ok), ("get_test_details", ok)];
+        assert_eq!(
+            expected_tools(&rules, &at(&[read[0], read[1]]), &[]),
+            ["file_risk_report"]
+        );
+        // Filed: nothing more.
+        assert!(
+            expected_tools(
+                &rules,
+                &at(&[read[0], read[1], ("file_risk_report", ok)]),
+                &withheld
+            )
+            .is_empty()
+        );
+        // The release does not exist: no call can help, nothing is expected.
+        assert!(
+            expected_tools(
+                &rules,
+                &at(&[("get_release_summary", gone), ("get_test_details", gone)]),
+                &withheld
+            )
+            .is_empty()
+        );
+        // A rule without `after` declares no sequence.
+        let limit_only = CallRule {
+            tool: "send".into(),
+            max_successes: Some(1),
+            ..CallRule::default()
+        };
+        assert!(expected_tools(&[limit_only], &at(&[]), &[]).is_empty());
     }
 
     #[test]

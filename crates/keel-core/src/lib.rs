@@ -33,7 +33,9 @@ pub mod store;
 pub mod tool;
 
 pub use budget::Budget;
-pub use call_rules::{CallRule, PastCall, check_call, withheld_tools};
+pub use call_rules::{
+    CallRule, PastCall, ToolProgress, check_call, expected_tools, withheld_tools,
+};
 pub use cancel::CancellationToken;
 pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};
 pub use decide::{Action, EndState, decide};

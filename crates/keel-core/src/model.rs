@@ -50,6 +50,12 @@ pub struct ModelRequest<'a> {
     /// provider that constrains decoding with a grammar leaves them out of it, and the
     /// others may ignore this (the runtime refuses such a call with a message either way).
     pub withheld_tools: &'a [String],
+    /// Offered tools the agent's call rules still expect in this run, in their declared
+    /// order ([`crate::expected_tools`]: the reads a rule's tool must come after, then that
+    /// tool). A provider that decides for a small model whether to call a tool
+    /// (keel-local's eager tools) asks for a call among these while there are any, and
+    /// for an answer after tool results once there are none; the others ignore it.
+    pub expected_tools: &'a [String],
 }
 
 impl<'a> ModelRequest<'a> {
@@ -66,6 +72,7 @@ impl<'a> ModelRequest<'a> {
             max_output_tokens: None,
             response_schema: None,
             withheld_tools: &[],
+            expected_tools: &[],
         }
     }
 }

@@ -178,7 +178,9 @@ impl LocalModel {
     }
 
     /// The request as this model runs it. With eager tools and `Auto`: `Required` while
-    /// the user's message is the last one, `None` right after tool results (answer now).
+    /// the user's message is the last one; right after tool results, `Required` while the
+    /// agent's call rules still expect a tool ([`ModelRequest::expected_tools`]: the reads
+    /// before a report, then the report), else `None` (answer now).
     fn effective<'r>(&self, request: &ModelRequest<'r>) -> ModelRequest<'r> {
         static REQUIRED: ToolChoice = ToolChoice::Required;
         static NONE: ToolChoice = ToolChoice::None;
@@ -192,6 +194,7 @@ impl LocalModel {
         }
         match request.messages.last().map(|m| m.role) {
             Some(Role::User) => request.tool_choice = &REQUIRED,
+            Some(Role::Tool) if expected_callable(&request) => request.tool_choice = &REQUIRED,
             Some(Role::Tool) => request.tool_choice = &NONE,
             _ => {}
         }
@@ -202,7 +205,7 @@ impl LocalModel {
         let request = &self.effective(request);
         let prompt = self.render_prompt(request)?;
         let format = self.tool_format();
-        let allowed = grammar_tools(request);
+        let allowed = grammar_tools(request, self.eager_tools());
         let constraint = build_constraint(
             format,
             &allowed,
@@ -265,13 +268,22 @@ fn choice_past_withheld<'r>(request: &ModelRequest<'r>) -> &'r ToolChoice {
     }
 }
 
-/// The tools the grammar lets the model call: the offered ones less the withheld ones.
-/// The prompt still lists every offered tool, so it stays the same from turn to turn and
-/// the prompt cache keeps serving it. When every tool is withheld the choice is `None`
-/// (see [`choice_past_withheld`]) and the full list is kept: the grammar then only needs
-/// it to forbid text that imitates a call.
-fn grammar_tools<'r>(request: &ModelRequest<'r>) -> std::borrow::Cow<'r, [ToolDefinition]> {
-    if request.withheld_tools.is_empty() || *request.tool_choice == ToolChoice::None {
+/// The tools the grammar lets the model call: the offered ones less the withheld ones,
+/// and with eager tools and a required call, only the expected ones when there are any
+/// (a small model keeps to the sequence the call rules declare instead of repeating a
+/// call it sees in the history). The prompt still lists every offered tool, so it stays
+/// the same from turn to turn and the prompt cache keeps serving it. When every tool is
+/// withheld the choice is `None` (see [`choice_past_withheld`]) and the full list is
+/// kept: the grammar then only needs it to forbid text that imitates a call.
+fn grammar_tools<'r>(
+    request: &ModelRequest<'r>,
+    eager: bool,
+) -> std::borrow::Cow<'r, [ToolDefinition]> {
+    let only_expected =
+        eager && *request.tool_choice == ToolChoice::Required && expected_callable(request);
+    if (request.withheld_tools.is_empty() && !only_expected)
+        || *request.tool_choice == ToolChoice::None
+    {
         return std::borrow::Cow::Borrowed(request.tools);
     }
     std::borrow::Cow::Owned(
@@ -279,9 +291,17 @@ fn grammar_tools<'r>(request: &ModelRequest<'r>) -> std::borrow::Cow<'r, [ToolDe
             .tools
             .iter()
             .filter(|t| !request.withheld_tools.contains(&t.name))
+            .filter(|t| !only_expected || request.expected_tools.contains(&t.name))
             .cloned()
             .collect(),
     )
+}
+
+/// Whether an expected tool ([`ModelRequest::expected_tools`]) is offered and not withheld.
+fn expected_callable(request: &ModelRequest<'_>) -> bool {
+    request.tools.iter().any(|t| {
+        request.expected_tools.contains(&t.name) && !request.withheld_tools.contains(&t.name)
+    })
 }
 
 fn model_name(path: &Path) -> String {
@@ -383,18 +403,45 @@ mod withheld_tests {
         assert_eq!(*choice_past_withheld(&request), ToolChoice::Required);
         request.tool_choice = &ToolChoice::Auto;
         assert_eq!(*choice_past_withheld(&request), ToolChoice::Auto);
-        let names: Vec<String> = grammar_tools(&request)
+        let names: Vec<String> = grammar_tools(&request, false)
             .iter()
             .map(|t| t.name.clone())
             .collect();
         assert_eq!(names, ["read"]);
         // Nothing withheld: the request's tools as they are.
         request.withheld_tools = &[];
-        assert_eq!(grammar_tools(&request).len(), 2);
+        assert_eq!(grammar_tools(&request, false).len(), 2);
         // Every tool withheld: a required call becomes an answer.
         let all = ["read".to_string(), "file".to_string()];
         request.withheld_tools = &all;
         request.tool_choice = &ToolChoice::Required;
         assert_eq!(*choice_past_withheld(&request), ToolChoice::None);
+    }
+
+    #[test]
+    fn eager_required_calls_keep_to_the_expected_tools() {
+        let tools = [tool("summary"), tool("details"), tool("file"), tool("ask")];
+        let withheld = ["file".to_string()];
+        let expected = ["details".to_string()];
+        let messages: [Message; 0] = [];
+        let mut request = ModelRequest::new(&messages);
+        request.tools = &tools;
+        request.withheld_tools = &withheld;
+        request.expected_tools = &expected;
+        request.tool_choice = &ToolChoice::Required;
+        let names = |request: &ModelRequest<'_>, eager: bool| -> Vec<String> {
+            grammar_tools(request, eager)
+                .iter()
+                .map(|t| t.name.clone())
+                .collect()
+        };
+        assert_eq!(names(&request, true), ["details"]);
+        // Not eager: the model chooses among everything not withheld.
+        assert_eq!(names(&request, false), ["summary", "details", "ask"]);
+        // An expected tool that is withheld (or not offered) restricts nothing.
+        let expected_withheld = ["file".to_string()];
+        request.expected_tools = &expected_withheld;
+        assert_eq!(names(&request, true), ["summary", "details", "ask"]);
+        assert!(!super::expected_callable(&request));
     }
 }

@@ -199,6 +199,28 @@ async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() 
             .all(|r| r.tools.iter().any(|t| t == "file_risk_report")),
         "the prompt keeps every tool"
     );
+    // And where the run stands in the sequence the rule declares: both reads, the one
+    // still missing, then the report (again after a refusal a corrected call can fix),
+    // then nothing once it was filed.
+    let expected: Vec<Vec<String>> = requests.iter().map(|r| r.expected_tools.clone()).collect();
+    let reads = vec![
+        "get_release_summary".to_string(),
+        "get_test_details".to_string(),
+    ];
+    let report = vec!["file_risk_report".to_string()];
+    assert_eq!(
+        expected,
+        [
+            reads.clone(),
+            reads,
+            vec!["get_test_details".to_string()],
+            report.clone(),
+            report,
+            vec![],
+            vec![],
+        ],
+        "{requests:#?}"
+    );
 }
 
 /// A question asked beside calls that will run is refused (their results may answer it):

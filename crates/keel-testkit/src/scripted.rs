@@ -179,6 +179,8 @@ pub struct RecordedRequest {
     pub tool_choice: ToolChoice,
     /// The offered tools the runtime said it would refuse now (call rules).
     pub withheld_tools: Vec<String>,
+    /// The offered tools the call rules still expected (their declared sequence).
+    pub expected_tools: Vec<String>,
 }
 
 impl RecordedRequest {
@@ -386,6 +388,7 @@ impl Model for ScriptedModel {
             tools: request.tools.iter().map(|t| t.name.clone()).collect(),
             tool_choice: request.tool_choice.clone(),
             withheld_tools: request.withheld_tools.to_vec(),
+            expected_tools: request.expected_tools.to_vec(),
         };
         let estimated_input = self.estimate_tokens(&request);
         let index = self.next.fetch_add(1, Ordering::SeqCst);

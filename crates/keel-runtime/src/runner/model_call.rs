@@ -14,7 +14,8 @@ use keel_core::planner::{self, PlannerAction, PlannerMode};
 use keel_core::state::{INVALID_ACTION_NOTICE, VALID_ACTION_NOTICE};
 use keel_core::{
     ApprovalMode as ToolApproval, EventKind, Message, ModelError, ModelErrorKind, ModelRequest,
-    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolResultKind,
+    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolErrorCode, ToolProgress,
+    ToolResultKind,
 };
 
 use crate::compaction::{self, Prepared};
@@ -91,31 +92,62 @@ fn forced_tool_choice(journal: &Journal<'_>) -> Option<ToolChoice> {
         .map(ToolChoice::Tool)
 }
 
-/// The tools the agent's call rules would refuse now, whatever the arguments (see
-/// [`ModelRequest::withheld_tools`]).
-fn withheld_tools(agent: &ToolAgent, journal: &Journal<'_>) -> Vec<String> {
+/// Where the run stands with the agent's call rules: the tools they would refuse now,
+/// whatever the arguments ([`ModelRequest::withheld_tools`]), and the tools their declared
+/// sequence still expects ([`ModelRequest::expected_tools`]).
+#[derive(Default)]
+struct RuleState {
+    withheld: Vec<String>,
+    expected: Vec<String>,
+}
+
+fn rule_state(agent: &ToolAgent, journal: &Journal<'_>) -> RuleState {
     if agent.call_rules.is_empty() {
-        return Vec::new();
+        return RuleState::default();
     }
     let mut requested: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
     let mut succeeded: Vec<&str> = Vec::new();
+    let mut progress: std::collections::HashMap<&str, ToolProgress> =
+        std::collections::HashMap::new();
     for event in journal.run_events() {
         match &event.kind {
             EventKind::ToolCallRequested { call, .. } => {
                 requested.insert(call.id.as_str(), call.name.as_str());
             }
             EventKind::ToolCallFinished { result } => {
-                if let (ToolResultKind::Ok { .. }, Some(tool)) = (
-                    &result.outcome.result,
-                    requested.get(result.call_id.as_str()),
-                ) {
-                    succeeded.push(tool);
+                let Some(tool) = requested.get(result.call_id.as_str()).copied() else {
+                    continue;
+                };
+                let entry = progress.entry(tool).or_default();
+                match &result.outcome.result {
+                    ToolResultKind::Ok { .. } => {
+                        succeeded.push(tool);
+                        entry.succeeded = entry.succeeded.saturating_add(1);
+                    }
+                    // A call refused because the tool was still withheld (the reads
+                    // not done yet) says nothing about the tool: not counted.
+                    ToolResultKind::Error { .. }
+                        if keel_core::withheld_tools(&agent.call_rules, &succeeded)
+                            .iter()
+                            .any(|t| t == tool) => {}
+                    ToolResultKind::Error { code, .. } => {
+                        entry.failed = entry.failed.saturating_add(1);
+                        entry.failed_for_good = !code.is_retryable()
+                            && *code != ToolErrorCode::InvalidInput
+                            && *code != ToolErrorCode::OutputSchemaMismatch;
+                    }
                 }
             }
             _ => {}
         }
     }
-    keel_core::withheld_tools(&agent.call_rules, &succeeded)
+    let withheld = keel_core::withheld_tools(&agent.call_rules, &succeeded);
+    let at = |tool: &str| progress.get(tool).copied().unwrap_or_default();
+    let expected = keel_core::expected_tools(&agent.call_rules, &at, &withheld)
+        .into_iter()
+        .filter(|tool| agent.tool_definitions.iter().any(|t| &t.name == tool))
+        .collect();
+    RuleState { withheld, expected }
 }
 
 fn build_request<'a>(
@@ -124,7 +156,7 @@ fn build_request<'a>(
     system: Option<&'a str>,
     final_summary: bool,
     forced: Option<&'a ToolChoice>,
-    withheld: &'a [String],
+    rules: &'a RuleState,
 ) -> ModelRequest<'a> {
     ModelRequest {
         system,
@@ -143,7 +175,8 @@ fn build_request<'a>(
         } else {
             agent.action_schema.as_ref()
         },
-        withheld_tools: withheld,
+        withheld_tools: &rules.withheld,
+        expected_tools: &rules.expected,
     }
 }
 
@@ -201,14 +234,14 @@ pub(super) async fn call_model(
         } else {
             let messages = request_messages(agent, journal.state().messages());
             let forced = forced_tool_choice(journal);
-            let withheld = withheld_tools(agent, journal);
+            let rules = rule_state(agent, journal);
             let request = build_request(
                 agent,
                 &messages,
                 system.as_deref(),
                 final_summary,
                 forced.as_ref(),
-                &withheld,
+                &rules,
             );
             let precise_from = compaction::precise_from(agent);
             (
@@ -337,14 +370,14 @@ fn measure(
 ) -> (TokenBudget, u64) {
     let messages = request_messages(agent, journal.state().messages());
     let forced = forced_tool_choice(journal);
-    let withheld = withheld_tools(agent, journal);
+    let rules = rule_state(agent, journal);
     let request = build_request(
         agent,
         &messages,
         system,
         final_summary,
         forced.as_ref(),
-        &withheld,
+        &rules,
     );
     (
         compaction::request_budget(agent, journal, &request),
@@ -369,14 +402,14 @@ async fn stream_answer(
     let (thread_id, run_id) = (journal.thread_id(), journal.run_id());
     let messages = request_messages(agent, journal.state().messages());
     let forced = forced_tool_choice(journal);
-    let withheld = withheld_tools(agent, journal);
+    let rules = rule_state(agent, journal);
     let request = build_request(
         agent,
         &messages,
         system,
         final_summary,
         forced.as_ref(),
-        &withheld,
+        &rules,
     );
     let mut stream = agent.model.stream(request);
     let mut assembler = ResponseAssembler::new();
