@@ -98,6 +98,17 @@ pub struct ToolProgress {
 }
 
 impl ToolProgress {
+    /// Counts a failed call with `code`. Bad arguments (`invalid_input`, a refusal by the
+    /// rules included) and a result off its schema can be fixed by a corrected call, and
+    /// timeouts or server errors by a retry; anything else (`not_found`, `forbidden`, …)
+    /// no call of this tool can fix.
+    pub fn record_failure(&mut self, code: crate::ToolErrorCode) {
+        use crate::ToolErrorCode::{InvalidInput, OutputSchemaMismatch};
+        self.failed = self.failed.saturating_add(1);
+        self.failed_for_good =
+            !code.is_retryable() && !matches!(code, InvalidInput | OutputSchemaMismatch);
+    }
+
     /// Whether the run is done with this tool: it succeeded, failed in a way a retry
     /// cannot fix, or failed twice (one retry is all the rules' sequence asks for).
     pub fn settled(&self) -> bool {
@@ -449,11 +460,13 @@ mod tests {
             failed: 1,
             ..ToolProgress::default()
         };
-        let gone = ToolProgress {
-            failed: 1,
-            failed_for_good: true,
-            ..ToolProgress::default()
-        };
+        let mut gone = ToolProgress::default();
+        gone.record_failure(crate::ToolErrorCode::NotFound);
+        let mut refused = ToolProgress::default();
+        refused.record_failure(crate::ToolErrorCode::InvalidInput);
+        assert!(!refused.settled(), "bad arguments can be corrected once");
+        refused.record_failure(crate::ToolErrorCode::InvalidInput);
+        assert!(refused.settled(), "but not forever");
         let withheld = ["file_risk_report".to_owned()];
         // Nothing called yet: both reads, in the declared order.
         assert_eq!(

@@ -14,8 +14,7 @@ use keel_core::planner::{self, PlannerAction, PlannerMode};
 use keel_core::state::{INVALID_ACTION_NOTICE, VALID_ACTION_NOTICE};
 use keel_core::{
     ApprovalMode as ToolApproval, EventKind, Message, ModelError, ModelErrorKind, ModelRequest,
-    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolErrorCode, ToolProgress,
-    ToolResultKind,
+    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolProgress, ToolResultKind,
 };
 
 use crate::compaction::{self, Prepared};
@@ -130,12 +129,7 @@ fn rule_state(agent: &ToolAgent, journal: &Journal<'_>) -> RuleState {
                         if keel_core::withheld_tools(&agent.call_rules, &succeeded)
                             .iter()
                             .any(|t| t == tool) => {}
-                    ToolResultKind::Error { code, .. } => {
-                        entry.failed = entry.failed.saturating_add(1);
-                        entry.failed_for_good = !code.is_retryable()
-                            && *code != ToolErrorCode::InvalidInput
-                            && *code != ToolErrorCode::OutputSchemaMismatch;
-                    }
+                    ToolResultKind::Error { code, .. } => entry.record_failure(*code),
                 }
             }
             _ => {}
