@@ -97,16 +97,17 @@ fn push_turn(out: &mut String, role: &str, content: &str) {
     out.push_str("<|im_end|>\n");
 }
 
-/// The tools offered under a tool choice. With `None` the section is left out: listing
-/// the tools while forbidding calls (eager tools after a tool result) made
-/// Qwen2.5-Coder-0.5B write a call as text instead of answering. The cache still serves
-/// such a turn: it diverges from the thread's slot at the system turn, so it is evaluated
-/// in another slot and the thread's slot stays for its next turn.
+/// The tools listed in the prompt under a tool choice: all of them, also under `None`
+/// (the grammar alone forbids calls then), so the system turn — the start of every
+/// prompt of a thread — stays the same from one call to the next and the prompt cache
+/// serves the whole earlier conversation. Leaving the section out under `None` (the
+/// answer after the last tool result, with eager tools) made that call's prompt diverge
+/// at the system turn: Qwen2.5-Coder-0.5B's Detective re-evaluated ~1,000 tokens (15 s)
+/// for its answer.
 fn offered<'t>(tools: &'t [ToolDefinition], choice: &ToolChoice) -> Vec<&'t ToolDefinition> {
     match choice {
-        ToolChoice::None => Vec::new(),
         ToolChoice::Tool(name) => tools.iter().filter(|t| &t.name == name).collect(),
-        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
+        ToolChoice::None | ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
     }
 }
 
@@ -328,8 +329,14 @@ mod tests {
         let expected = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"calculator\", \"description\": \"Evaluates arithmetic.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"expression\": {\"type\": \"string\"}}, \"required\": [\"expression\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nwhat is 17*23?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17*23\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
         assert_eq!(prompt, expected);
 
-        // No tools offered: no tools section; a system prompt replaces the default.
+        // Calls forbidden: the same tools section (the grammar forbids the calls), so
+        // the prompt keeps the earlier calls' prefix for the cache.
         request.tool_choice = &ToolChoice::None;
+        let answer_prompt = render(&request);
+        assert_eq!(answer_prompt, expected);
+
+        // No tools: no tools section; a system prompt replaces the default.
+        request.tools = &[];
         request.system = Some("Be brief.");
         let prompt = render(&request);
         assert!(prompt.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n"));
