@@ -248,12 +248,14 @@ fn filing(release: &str, severity: &str, findings: &[&str]) -> MockTurn {
     )
 }
 
-/// The findings of the "Good usage" example in `file_risk_report`'s usage guide, which
-/// the 0.5B and 1.5B Qwen models copied (issue 19). Its release and figures are invented.
+/// The findings of the "Good usage" example in `file_risk_report`'s usage guide (the line
+/// after "Good usage"), which the 0.5B and 1.5B Qwen models copied when it was a concrete
+/// report (issue 19); now a shape with `<...>` placeholders.
 fn usage_guide_example() -> Vec<String> {
     let line = keel_detective::DETECTIVE_AGENT_TOML
         .lines()
-        .find(|l| l.starts_with("- {\"release_id\"") && l.contains("\"high\""))
+        .skip_while(|l| !l.starts_with("Good usage"))
+        .nth(1)
         .unwrap();
     let example: Value = serde_json::Deserializer::from_str(line.trim_start_matches("- "))
         .into_iter::<Value>()
@@ -307,14 +309,12 @@ async fn a_report_copied_from_the_usage_guide_is_refused_before_the_reads_and_af
     let ungrounded = filings[1].as_ref().unwrap_err();
     for (i, finding) in copied.iter().enumerate() {
         assert!(
-            ungrounded.contains(&format!("/findings/{i} {finding:?}")),
+            ungrounded.contains(&format!(
+                "/findings/{i} {finding:?} cites nothing that this run's tool results contain"
+            )),
             "finding {i} named in: {ungrounded}"
         );
     }
-    assert!(
-        ungrounded.contains("cite nothing that this run's tool results contain"),
-        "{ungrounded}"
-    );
     assert_eq!(filings[2], Ok(()));
     assert_eq!(filings_started(&run.events), 1, "refused calls never ran");
 

@@ -1,9 +1,10 @@
 //! Call rules: conditions on a tool call that the runtime checks before the call runs,
 //! from what already happened in the run — the tools that must have succeeded first (with
 //! the same values of some arguments), how often the tool may succeed in one run, and
-//! argument fields that must cite something the run's tools returned. A call that breaks
-//! a rule is not executed: it is answered with an `invalid_input` error whose message tells
-//! the model what to do instead, like any other tool error (data, never a panic).
+//! argument fields that must cite something the run's tools returned and quote no figure
+//! or identifier they did not. A call that breaks a rule is not executed: it is answered
+//! with an `invalid_input` error whose message tells the model what to do instead, like
+//! any other tool error (data, never a panic).
 //!
 //! Checked before the call rather than by the critic after it: for a mutating tool (filing
 //! a report, sending a message) the side effect cannot be taken back once it happened.
@@ -27,7 +28,9 @@ pub struct CallRule {
     pub max_successes: Option<u32>,
     /// JSON pointers into the arguments (`/findings`): each string there (or each string of
     /// the array there) must cite a figure, name or identifier present in the results of
-    /// the run's successful tool calls.
+    /// the run's successful tool calls, and every number and identifier it quotes must be
+    /// one of theirs (or, for a number, computed from two of them: a sum, difference,
+    /// ratio or percentage).
     pub grounded: Vec<String>,
 }
 
@@ -122,7 +125,7 @@ impl ToolProgress {
 /// rule with `after` declares a sequence ending in its tool ("file the report after both
 /// reads"); this is where the run stands in it. `progress` says how far the run got with
 /// a tool (absent: never called). A model that cannot decide well whether to call a tool
-/// (keel-local's eager tools, for models under a billion parameters) is asked for another
+/// (keel-local's eager tools, for models under two billion parameters) is asked for another
 /// call while this is not empty, restricted to these tools, and for a text answer once it
 /// is; a rule without `after` expects nothing.
 pub fn expected_tools(
@@ -235,35 +238,40 @@ fn check_grounded(rule: &CallRule, arguments: &Value, past: &[PastCall<'_>]) -> 
     // The values the call shares with its reads (`release_id`) name what is assessed, not
     // evidence about it: "v2.1.0 looks fine" cites nothing, though `v2.1.0` came back.
     facts.exclude(rule.same.iter().filter_map(|key| arguments.get(key)));
-    let mut ungrounded = Vec::new();
+    let mut problems = Vec::new();
+    let mut judge = |at: String, text: &str| match facts.judge(text) {
+        Judgement::Grounded => {}
+        Judgement::CitesNothing => problems.push(format!(
+            "{at} {text:?} cites nothing that this run's tool results contain"
+        )),
+        Judgement::Invents(invented) => problems.push(format!(
+            "{at} {text:?} quotes {} that no tool returned in this run",
+            names(&invented)
+        )),
+    };
     for pointer in &rule.grounded {
         match arguments.pointer(pointer) {
-            Some(Value::String(text)) if !facts.cited_by(text) => {
-                ungrounded.push(format!("{pointer} {text:?}"));
-            }
+            Some(Value::String(text)) => judge(pointer.clone(), text),
             Some(Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
-                    if let Some(text) = item.as_str()
-                        && !facts.cited_by(text)
-                    {
-                        ungrounded.push(format!("{pointer}/{i} {text:?}"));
+                    if let Some(text) = item.as_str() {
+                        judge(format!("{pointer}/{i}"), text);
                     }
                 }
             }
             _ => {}
         }
     }
-    if ungrounded.is_empty() {
+    if problems.is_empty() {
         return Ok(());
     }
     Err(format!(
-        "`{}` was not run: {} cite{} nothing that this run's tool results contain. Each must \
-         quote a figure, name or identifier a tool returned (a count, a metric, a test or \
-         change name); fix {} and call `{}` again.",
+        "`{}` was not run: {}. Each must quote figures, names or identifiers the tools \
+         returned in this run (a count, a metric, a test or change name), and only those: \
+         the usage examples are invented. Fix {} and call `{}` again.",
         rule.tool,
-        ungrounded.join(", "),
-        if ungrounded.len() == 1 { "s" } else { "" },
-        if ungrounded.len() == 1 { "it" } else { "them" },
+        problems.join("; "),
+        if problems.len() == 1 { "it" } else { "them" },
         rule.tool
     ))
 }
@@ -284,20 +292,43 @@ const COMMON: &[&str] = &[
     "this", "true", "false", "were", "what", "when", "which", "with", "without",
 ];
 
+/// How a finding stands against the run's results ([`Facts::judge`]).
+#[derive(Debug, PartialEq)]
+enum Judgement {
+    /// It quotes something the results contain, and no figure or identifier they do not.
+    Grounded,
+    /// It quotes nothing the results contain ("The release looks fine").
+    CitesNothing,
+    /// It quotes figures or identifiers the results do not contain — typically copied
+    /// from a usage example ("13 of 97 ledger tests fail: ledger::test_journal_balances"),
+    /// even when it also quotes a real figure.
+    Invents(Vec<String>),
+}
+
 /// What a run's results contain: the numbers and the words of their string values (keys
-/// are structure, not facts: a finding "passed" cites nothing).
+/// are structure, not facts: a finding "passed" cites nothing; but a key may be named
+/// without inventing anything: "response_time_p95 450").
 struct Facts {
+    /// Distinct numbers, sorted.
     numbers: Vec<f64>,
     words: std::collections::HashSet<String>,
+    keys: std::collections::HashSet<String>,
     /// Tokens that never count (see [`Facts::exclude`]).
     excluded: std::collections::HashSet<String>,
 }
+
+/// Above this many distinct numbers in a run's results, a number of a finding that is
+/// none of them is not checked further (sums, differences, ratios of two of them would
+/// cost too much to enumerate, and would match almost anything): it cites nothing, and
+/// invents nothing either.
+const MAX_NUMBERS_FOR_DERIVED: usize = 300;
 
 impl Facts {
     fn of<'a>(results: impl Iterator<Item = &'a Value>) -> Self {
         let mut facts = Facts {
             numbers: Vec::new(),
             words: std::collections::HashSet::new(),
+            keys: std::collections::HashSet::new(),
             excluded: std::collections::HashSet::new(),
         };
         let mut stack: Vec<&Value> = results.collect();
@@ -317,14 +348,20 @@ impl Facts {
                                 .filter(|part| !part.is_empty() && *part != token)
                                 .map(str::to_string),
                         );
+                        facts.words.extend(unversioned(&token));
                         facts.words.insert(token);
                     }
                 }
                 Value::Array(items) => stack.extend(items),
-                Value::Object(map) => stack.extend(map.values()),
+                Value::Object(map) => {
+                    facts.keys.extend(map.keys().flat_map(|k| tokens(k)));
+                    stack.extend(map.values());
+                }
                 Value::Bool(_) | Value::Null => {}
             }
         }
+        facts.numbers.sort_by(f64::total_cmp);
+        facts.numbers.dedup_by(|a, b| close(*a, *b));
         facts
     }
 
@@ -332,28 +369,108 @@ impl Facts {
     fn exclude<'a>(&mut self, values: impl Iterator<Item = &'a Value>) {
         for text in values.filter_map(Value::as_str) {
             for token in tokens(text) {
-                self.words.remove(&token);
-                self.excluded.insert(token);
+                for variant in unversioned(&token).into_iter().chain([token]) {
+                    self.words.remove(&variant);
+                    self.excluded.insert(variant);
+                }
             }
         }
     }
 
-    /// Whether `text` cites a number (as is, or as a percentage of a fraction) or a
-    /// distinctive word of the results.
-    fn cited_by(&self, text: &str) -> bool {
-        let words = tokens(text);
-        let mut cited = words.iter().filter(|t| !self.excluded.contains(*t));
-        cited.any(|token| match number(token) {
-            Some(n) => self.numbers.iter().any(|&m| {
-                close(n, m) || (token.ends_with('%') && close(n / 100.0, m)) || close(n, m * 100.0)
-            }),
-            None => {
-                token.chars().count() >= 4
-                    && !COMMON.contains(&token.as_str())
-                    && self.words.contains(token)
+    /// Whether `text` cites a number (as is, as a percentage of a fraction, or a sum,
+    /// difference or ratio of two) or a distinctive word of the results, and whether it
+    /// quotes a number or an identifier (`test_journal_balances`, `v4.8.1`) they lack.
+    fn judge(&self, text: &str) -> Judgement {
+        let mut cites = false;
+        let mut invented: Vec<String> = Vec::new();
+        for token in tokens(text)
+            .into_iter()
+            .filter(|t| !self.excluded.contains(t))
+        {
+            match number(&token) {
+                Some(n) => match self.supports(n, &token) {
+                    Some(true) => cites = true,
+                    // "one of the payment tests": a number word that is no figure of the
+                    // results is prose, not an invented figure.
+                    Some(false) if !is_number_word(&token) && !invented.contains(&token) => {
+                        invented.push(token);
+                    }
+                    _ => {}
+                },
+                None if self.words.contains(&token) => {
+                    cites |= token.chars().count() >= 4 && !COMMON.contains(&token.as_str());
+                }
+                None if is_identifier(&token)
+                    && !self.keys.contains(&token)
+                    && !invented.contains(&token) =>
+                {
+                    invented.push(token);
+                }
+                None => {}
             }
-        })
+        }
+        if !invented.is_empty() {
+            Judgement::Invents(invented)
+        } else if cites {
+            Judgement::Grounded
+        } else {
+            Judgement::CitesNothing
+        }
     }
+
+    /// Whether the number `n` (written `token`) is one of the results' numbers or is
+    /// computed from them the way a finding would: a percentage of a fraction (`2%` for
+    /// 0.02) and back, the sum or difference of two (`144 tests ran`, `coverage down 3
+    /// points`), their ratio or relative change, rounded as written (`5 times its
+    /// baseline`, `p95 up 45%`). `None` when there are too many numbers to say.
+    fn supports(&self, n: f64, token: &str) -> Option<bool> {
+        let percent = token.ends_with('%');
+        let exact = |m: f64| close(n, m) || (percent && close(n / 100.0, m)) || close(n, m * 100.0);
+        if self.numbers.iter().any(|&m| exact(m)) {
+            return Some(true);
+        }
+        if self.numbers.len() > MAX_NUMBERS_FOR_DERIVED {
+            return None;
+        }
+        // Half a unit of the last digit written: "45%" stands for 44.5..45.5.
+        let decimals = token
+            .trim_end_matches('%')
+            .split_once('.')
+            .map_or(0, |(_, fraction)| fraction.len());
+        let half_unit = 0.5 / 10f64.powi(i32::try_from(decimals).unwrap_or(i32::MAX));
+        let rounded = |m: f64| (n - m).abs() <= half_unit + 1e-9;
+        for (i, &a) in self.numbers.iter().enumerate() {
+            for &b in self.numbers.iter().skip(i + 1) {
+                let difference = (b - a).abs();
+                if exact(a + b) || exact(difference) {
+                    return Some(true);
+                }
+                for (x, y) in [(a, b), (b, a)] {
+                    if y != 0.0 && (rounded(x / y) || rounded((x - y).abs() / y.abs() * 100.0)) {
+                        return Some(true);
+                    }
+                }
+            }
+        }
+        Some(false)
+    }
+}
+
+/// A version written with a leading `v` is also the version without it: `2.1.0` quotes
+/// `v2.1.0`.
+fn unversioned(token: &str) -> Option<String> {
+    let rest = token.strip_prefix('v')?;
+    rest.starts_with(|c: char| c.is_ascii_digit())
+        .then(|| rest.to_string())
+}
+
+/// A token that names something exactly — a code identifier (`test_journal_balances`) or
+/// a version (`v4.8.1`, `1.0.215`) — so a finding quoting it must have got it from a tool.
+fn is_identifier(token: &str) -> bool {
+    token.contains('_')
+        || (token.contains('.')
+            && token.chars().any(|c| c.is_ascii_digit())
+            && number(token).is_none())
 }
 
 /// Lowercase tokens: runs of letters, digits and `_ . % -` inside words (`test_x`,
@@ -366,14 +483,19 @@ fn tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// A token that is a number (`450`, `0.78`, `2%`, `-3`, or a number word: `zero`…`twelve`,
-/// as in "zero tests ran").
+/// Numbers written as words, as in "zero tests ran".
+const NUMBER_WORDS: [&str; 13] = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve",
+];
+
+fn is_number_word(token: &str) -> bool {
+    NUMBER_WORDS.contains(&token)
+}
+
+/// A token that is a number (`450`, `0.78`, `2%`, `-3`, or a number word: `zero`…`twelve`).
 fn number(token: &str) -> Option<f64> {
-    const WORDS: [&str; 13] = [
-        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-        "eleven", "twelve",
-    ];
-    if let Some(n) = WORDS.iter().position(|w| *w == token) {
+    if let Some(n) = NUMBER_WORDS.iter().position(|w| *w == token) {
         return u32::try_from(n).ok().map(f64::from);
     }
     token
@@ -603,22 +725,31 @@ mod tests {
         assert!(error.contains("at most once per run"), "{error}");
     }
 
+    /// Both reads of v2.1.0 succeeded, with `summary` and `details` as their results.
+    fn both_reads<'a>(
+        args: &'a Value,
+        summary: &'a Value,
+        details: &'a Value,
+    ) -> [PastCall<'a>; 2] {
+        [
+            PastCall {
+                tool: "get_release_summary",
+                arguments: args,
+                result: summary,
+            },
+            PastCall {
+                tool: "get_test_details",
+                arguments: args,
+                result: details,
+            },
+        ]
+    }
+
     #[test]
     fn findings_must_cite_what_the_tools_returned() {
         let args = json!({"release_id": "v2.1.0"});
         let (s, d) = (summary(), details());
-        let past = [
-            PastCall {
-                tool: "get_release_summary",
-                arguments: &args,
-                result: &s,
-            },
-            PastCall {
-                tool: "get_test_details",
-                arguments: &args,
-                result: &d,
-            },
-        ];
+        let past = both_reads(&args, &s, &d);
         let grounded = json!({"release_id": "v2.1.0", "findings": [
             "Error rate 2% against its baseline",
             "p95 latency 450 ms",
@@ -644,6 +775,59 @@ mod tests {
         ] {
             assert!(error.contains(bad), "{bad} not in {error}");
         }
+    }
+
+    #[test]
+    fn findings_quoting_figures_or_names_no_tool_returned_are_refused() {
+        let args = json!({"release_id": "v2.1.0"});
+        let (s, d) = (summary(), details());
+        let past = both_reads(&args, &s, &d);
+        // Figures as the results hold them, or computed from two of them (144 = 142 + 2,
+        // 140 = 142 - 2), and prose numbers ("one of").
+        let computed = json!({"release_id": "v2.1.0", "findings": [
+            "144 tests ran, 2 failed",
+            "error rate 2% (0.02), 140 more passes than failures",
+            "response_time_p95 is 450",
+            "release 2.1.0: one of the payment tests fails: test_capture_partial_refund"
+        ]});
+        check_call(&[rule()], "file_risk_report", &computed, &past, &[]).unwrap();
+        // The 1.5B's findings half copied from the usage example: each cites one real
+        // figure (142, 450) beside invented ones.
+        let copied = json!({"release_id": "v2.1.0", "findings": [
+            "2 of 142 ledger tests fail: ledger::test_journal_balances",
+            "p95 latency 450 ms against a 415 ms baseline",
+            "v4.8.1 had the same failures"
+        ]});
+        let error = check_call(&[rule()], "file_risk_report", &copied, &past, &[]).unwrap_err();
+        assert!(
+            error.contains("/findings/0 \"2 of 142 ledger tests fail: ledger::test_journal_balances\" quotes `test_journal_balances` that no tool returned"),
+            "{error}"
+        );
+        assert!(
+            error.contains("/findings/1") && error.contains("`415`"),
+            "{error}"
+        );
+        assert!(
+            error.contains("/findings/2") && error.contains("`v4.8.1`"),
+            "{error}"
+        );
+        assert!(error.contains("usage examples are invented"), "{error}");
+        // Ratios and relative changes, rounded as written: 450 / 310 = 1.45 (+45.2%).
+        let latency = json!({"p95": 450, "p95_baseline": 310});
+        let facts = Facts::of([&latency].into_iter());
+        assert_eq!(
+            facts.judge("p95 up 45% on its baseline"),
+            Judgement::Grounded
+        );
+        assert_eq!(
+            facts.judge("p95 at 1.5 times its baseline"),
+            Judgement::Grounded
+        );
+        assert_eq!(
+            facts.judge("p95 up 60%"),
+            Judgement::Invents(vec!["60%".into()])
+        );
+        assert_eq!(facts.judge("p95 is fine"), Judgement::CitesNothing);
     }
 
     #[test]

@@ -53,6 +53,13 @@ use grammar::build_constraint;
 /// Largest context window used when the options do not set one.
 const DEFAULT_MAX_CONTEXT: u32 = 8192;
 
+/// Models with fewer parameters than this get [`LocalModelOptions::eager_tools`] unless it
+/// is set: every model Keel names, up to Qwen2.5-Coder-1.5B (1.78 billion as llama.cpp
+/// counts them, embeddings included). Measured on
+/// the Detective (docs/local-model.md): left to choose, the 1.5B writes its report as a
+/// fenced JSON block before reading anything; with eager tools it reads, then files.
+pub const EAGER_TOOLS_BELOW_PARAMS: u64 = 2_000_000_000;
+
 /// A GGUF model run in-process. Cheap to clone; clones share the loaded weights (and so
 /// do separate [`LocalModel::load`]s of the same file).
 #[derive(Clone)]
@@ -152,11 +159,12 @@ impl LocalModel {
         self.options.tool_format.unwrap_or(self.engine.format)
     }
 
-    /// Whether [`LocalModelOptions::eager_tools`] is in effect for this model.
+    /// Whether [`LocalModelOptions::eager_tools`] is in effect for this model (by default:
+    /// fewer than [`EAGER_TOOLS_BELOW_PARAMS`] parameters).
     pub fn eager_tools(&self) -> bool {
         self.options
             .eager_tools
-            .unwrap_or(self.engine.n_params < 1_000_000_000)
+            .unwrap_or(self.engine.n_params < EAGER_TOOLS_BELOW_PARAMS)
     }
 
     /// The figures of the latest generation on this model file (any handle), finished

@@ -45,8 +45,10 @@ pub struct LocalModelOptions {
     /// message is the last one, and a text answer right after tool results (one tool round
     /// per user turn). Very small models almost never choose a tool on their own, and
     /// repeat calls they see in the history (Qwen2.5-Coder-0.5B, left to choose, writes
-    /// the call as JSON text or a code block instead of a `<tool_call>` block). `None`: on
-    /// for models under one billion parameters, off otherwise (the model chooses).
+    /// the call as JSON text or a code block instead of a `<tool_call>` block, and the 1.5B
+    /// writes a report as a fenced JSON block before reading anything). `None`: on for
+    /// models under [`crate::EAGER_TOOLS_BELOW_PARAMS`] parameters, off otherwise (the
+    /// model chooses).
     pub eager_tools: Option<bool>,
     /// Threads (conversations) whose evaluated prompt is kept between calls: a request
     /// whose prompt starts like a kept one evaluates only the rest. `0` turns the prompt
