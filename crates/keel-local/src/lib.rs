@@ -55,9 +55,9 @@ const DEFAULT_MAX_CONTEXT: u32 = 8192;
 
 /// Models with fewer parameters than this get [`LocalModelOptions::eager_tools`] unless it
 /// is set: every model Keel names, up to Qwen2.5-Coder-1.5B (1.78 billion as llama.cpp
-/// counts them, embeddings included). Measured on
-/// the Detective (docs/local-model.md): left to choose, the 1.5B writes its report as a
-/// fenced JSON block before reading anything; with eager tools it reads, then files.
+/// counts them, embeddings included). Measured on the Detective (docs/local-model.md):
+/// left to choose, the 1.5B writes its report as a fenced JSON block before reading
+/// anything; with eager tools it reads, then files.
 pub const EAGER_TOOLS_BELOW_PARAMS: u64 = 2_000_000_000;
 
 /// A GGUF model run in-process. Cheap to clone; clones share the loaded weights (and so
