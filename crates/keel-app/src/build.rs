@@ -398,6 +398,15 @@ pub(crate) async fn agent_builder(
 
     // Instructions.
     let instructions = instructions(request, def, resolved.as_ref(), &mut problems);
+    if def.reminder.as_ref().is_some_and(|r| r.trim().is_empty()) {
+        problems.add(
+            DiagnosticCode::InvalidValue,
+            "reminder",
+            "reminder must not be empty; write the few rules the model must keep in view, \
+             or remove the key"
+                .into(),
+        );
+    }
     if let Some(t) = def.temperature
         && !(0.0..=2.0).contains(&t)
     {
@@ -444,6 +453,7 @@ pub(crate) async fn agent_builder(
     }
     let mut builder = ToolAgent::builder(resolution.name.clone(), model)
         .instructions(instructions)
+        .reminder(def.reminder.clone())
         .tools(tools)
         .budget(budget)
         .policy(config.policies.clone())

@@ -74,6 +74,7 @@ const KEYS: &[(&str, Check)] = &[
     ("agents.<name>.description", agents_description),
     ("agents.<name>.instructions", agents_instructions),
     ("agents.<name>.instructions_file", agents_instructions_file),
+    ("agents.<name>.reminder", agents_reminder),
     ("agents.<name>.model", agents_model),
     ("agents.<name>.temperature", agents_temperature),
     ("agents.<name>.max_output_tokens", agents_max_output_tokens),
@@ -813,6 +814,27 @@ fn agents_model() {
     let toml = format!("{OPENAI_MOCK}[agents.a]\nmodel = \"openai:agents-own-model\"\n");
     let (requests, _) = mock_run(&toml, hello(), None);
     assert_eq!(requests[0].body["model"], "agents-own-model");
+}
+
+fn agents_reminder() {
+    // Sent at the end of the user's message, after a blank line.
+    let toml =
+        format!("{OPENAI_MOCK}[agents.a]\nmodel = \"openai:m\"\nreminder = \"Cite the tools.\"\n");
+    let (requests, _) = mock_run(&toml, hello(), None);
+    let messages = requests[0].body["messages"].as_array().unwrap();
+    let user = messages.last().unwrap();
+    assert_eq!(user["role"], "user");
+    assert_eq!(user["content"], "hello\n\nCite the tools.", "{user}");
+    // An empty reminder is a located error.
+    let request = AgentRequest {
+        agent: named("a"),
+        model_override: Some(scripted(vec![])),
+        ..AgentRequest::default()
+    };
+    let error = block_on(app("[agents.a]\nreminder = \" \"\n").agent(&request))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("reminder must not be empty"), "{error}");
 }
 
 fn agents_temperature() {

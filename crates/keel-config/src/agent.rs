@@ -58,6 +58,12 @@ pub struct AgentDefinition {
     /// A file holding the instructions, relative to the file that declares this key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions_file: Option<PathBuf>,
+    /// A short note the model is shown again on every call, at the end of the user's
+    /// latest message: the few rules the agent must not lose sight of
+    /// behind a long system prompt (small local models weigh what is near the end of the
+    /// prompt far more than its top). Not stored in the thread's log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reminder: Option<String>,
     /// Model: `provider:model` or a keel.toml `[models.<alias>]` name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -145,9 +151,10 @@ impl AgentKind {
 
 /// The keys of an agent definition a remote A2A agent cannot honour: everything about a
 /// model, its tools and its loop (the remote agent has its own).
-pub const A2A_UNSUPPORTED_KEYS: [&str; 17] = [
+pub const A2A_UNSUPPORTED_KEYS: [&str; 18] = [
     "instructions",
     "instructions_file",
+    "reminder",
     "model",
     "temperature",
     "max_output_tokens",
@@ -415,6 +422,7 @@ impl AgentDefinition {
             description: pick(&over.description, &self.description),
             instructions: pick(&over.instructions, &self.instructions),
             instructions_file: pick(&over.instructions_file, &self.instructions_file),
+            reminder: pick(&over.reminder, &self.reminder),
             model: pick(&over.model, &self.model),
             temperature: pick(&over.temperature, &self.temperature),
             max_output_tokens: pick(&over.max_output_tokens, &self.max_output_tokens),
@@ -443,6 +451,7 @@ impl AgentDefinition {
             ("description", self.description.is_some()),
             ("instructions", self.instructions.is_some()),
             ("instructions_file", self.instructions_file.is_some()),
+            ("reminder", self.reminder.is_some()),
             ("model", self.model.is_some()),
             ("temperature", self.temperature.is_some()),
             ("max_output_tokens", self.max_output_tokens.is_some()),

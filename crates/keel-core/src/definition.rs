@@ -39,7 +39,8 @@ pub struct AgentDefinition {
 pub struct AgentFingerprint {
     /// Model identifier (`provider:model`).
     pub model: String,
-    /// SHA-256 of the full system prompt (instructions and tool guidance).
+    /// SHA-256 of the full system prompt (instructions and tool guidance), followed by
+    /// `"\n\n"` and the agent's reminder when it has one.
     pub system_prompt_sha256: String,
     /// The tools offered (control tools excluded), sorted by name.
     pub tools: Vec<ToolFingerprint>,

@@ -26,6 +26,9 @@ pub struct ToolAgent {
     pub(crate) tools: ToolRegistry,
     pub(crate) executor: ToolExecutor,
     pub(crate) system_prompt: String,
+    /// Shown again on every model call at the end of the user's latest message
+    /// ([`ToolAgentBuilder::reminder`]).
+    pub(crate) reminder: Option<String>,
     pub(crate) tool_definitions: Vec<ToolDefinition>,
     pub(crate) budget: Budget,
     pub(crate) tool_choice: ToolChoice,
@@ -101,6 +104,7 @@ impl ToolAgent {
             description: String::new(),
             model,
             instructions: String::new(),
+            reminder: None,
             tools: ToolRegistry::new(),
             budget: Budget::default(),
             tool_choice: ToolChoice::Auto,
@@ -219,6 +223,7 @@ pub struct ToolAgentBuilder {
     description: String,
     model: Arc<dyn Model>,
     instructions: String,
+    reminder: Option<String>,
     tools: ToolRegistry,
     budget: Budget,
     tool_choice: ToolChoice,
@@ -398,6 +403,20 @@ impl ToolAgentBuilder {
         self
     }
 
+    /// A short note shown to the model again on every call, at the end of the user's
+    /// latest message (a text part of its own, after a blank line; `None`, or only
+    /// whitespace: none). For the few
+    /// rules the agent must keep in view however long the system prompt and the run get:
+    /// small local models weigh what is near the end of the prompt far more than the top
+    /// of a long system prompt. It is part of each request, not of the thread's log; its
+    /// text counts in the agent's fingerprint like the system prompt's.
+    pub fn reminder(mut self, reminder: Option<String>) -> Self {
+        self.reminder = reminder
+            .map(|text| text.trim().to_string())
+            .filter(|text| !text.is_empty());
+        self
+    }
+
     /// The tools the agent may call.
     pub fn tools(mut self, tools: ToolRegistry) -> Self {
         self.tools = tools;
@@ -496,7 +515,10 @@ impl ToolAgentBuilder {
             recipe: self.recipe,
             fingerprint: AgentFingerprint {
                 model: self.model.id(),
-                system_prompt_sha256: sha256_hex(&system_prompt),
+                system_prompt_sha256: match &self.reminder {
+                    None => sha256_hex(&system_prompt),
+                    Some(reminder) => sha256_hex(&format!("{system_prompt}\n\n{reminder}")),
+                },
                 tools,
                 planner: self.planner_mode,
                 observation: self.observation_mode,
@@ -515,6 +537,7 @@ impl ToolAgentBuilder {
             tools: self.tools,
             model: self.model,
             system_prompt,
+            reminder: self.reminder,
             budget: self.budget,
             tool_choice: self.tool_choice,
             temperature: self.temperature,

@@ -289,3 +289,74 @@ async fn a_per_tool_approval_mode_overrides_the_runs_mode() {
         "the calculator call was denied"
     );
 }
+
+#[tokio::test]
+async fn the_reminder_ends_the_latest_user_message_in_every_request_and_stays_out_of_the_log() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("calculator", json!({"expression": "6*7"})),
+        ScriptStep::text("42"),
+        ScriptStep::text("43"),
+    ]));
+    let mut tools = ToolRegistry::new();
+    tools.register_typed(keel_tools::Calculator).unwrap();
+    let agent = ToolAgent::builder("test", model.clone())
+        .instructions("Be exact.")
+        .reminder(Some("  Always use the calculator.\n".into()))
+        .tools(tools)
+        .build();
+    let store = Arc::new(MemoryStore::new());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    agent
+        .run(vec![Message::user("6*7?")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    agent
+        .run(vec![Message::user("and 43?")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    model.assert_consumed();
+
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    // First call: the user's message with the reminder (trimmed) after a blank line.
+    assert_eq!(requests[0].messages.len(), 1);
+    assert_eq!(
+        requests[0].messages[0].text(),
+        "6*7?\n\nAlways use the calculator."
+    );
+    // After the tool call the user's message is unchanged (so a prompt cache keeps the
+    // prefix), the call and its result after it.
+    assert_eq!(requests[1].messages.len(), 3);
+    assert_eq!(requests[1].messages[0], requests[0].messages[0]);
+    assert!(requests[1].tool_result_contents()[0].contains("42"));
+    // A new user message takes it: once per request, on the latest user message only.
+    let second = &requests[2].messages;
+    let with_reminder: Vec<String> = second
+        .iter()
+        .map(Message::text)
+        .filter(|text| text.contains("Always use the calculator."))
+        .collect();
+    assert_eq!(with_reminder, ["and 43?\n\nAlways use the calculator."]);
+    assert_eq!(second.last().unwrap().text(), with_reminder[0]);
+    // Never written to the log.
+    let logged = serde_json::to_string(&store.load(thread.id()).await.unwrap()).unwrap();
+    assert!(!logged.contains("Always use the calculator"), "{logged}");
+}
+
+#[tokio::test]
+async fn a_blank_reminder_is_none_and_the_reminder_counts_in_the_fingerprint() {
+    let build = |reminder: Option<&str>| {
+        ToolAgent::builder("test", Arc::new(ScriptedModel::new(vec![])))
+            .instructions("Be exact.")
+            .reminder(reminder.map(str::to_string))
+            .build()
+    };
+    let none = build(None);
+    let blank = build(Some(" \n"));
+    let some = build(Some("Check twice."));
+    let fingerprint =
+        |agent: &ToolAgent| agent.definition().fingerprint.system_prompt_sha256.clone();
+    assert_eq!(fingerprint(&none), fingerprint(&blank));
+    assert_ne!(fingerprint(&none), fingerprint(&some));
+}

@@ -27,10 +27,37 @@ const STRUCTURED_PROVIDER: &str = "keel-structured";
 
 static NO_TOOLS: ToolChoice = ToolChoice::None;
 
-/// The messages sent to the model. Native mode sends the context as is (borrowed, no
+/// The messages sent to the model: the context, with the agent's reminder (if any)
+/// added to the user's latest message as a text part of its own, after a blank line.
+///
+/// Inside the user's turn rather than as a system message after it: measured on
+/// Qwen2.5-Coder-0.5B (docs/local-model.md), the Detective's severity criteria as a
+/// system turn after the user's were quoted back as findings and did not change the
+/// severity; the same text at the end of the user's turn did.
+fn request_messages<'m>(agent: &ToolAgent, messages: &'m [Message]) -> Cow<'m, [Message]> {
+    let rendered = rendered_messages(agent, messages);
+    let Some(reminder) = &agent.reminder else {
+        return rendered;
+    };
+    // Rendering maps messages one to one, so a position in `messages` is one in `rendered`.
+    let mut with_reminder = rendered.into_owned();
+    let latest_user = messages
+        .iter()
+        .rposition(|message| message.role == Role::User)
+        .and_then(|index| with_reminder.get_mut(index));
+    match latest_user {
+        Some(message) => message.parts.push(Part::Text {
+            text: format!("\n{reminder}"),
+        }),
+        None => with_reminder.push(Message::user(reminder.clone())),
+    }
+    Cow::Owned(with_reminder)
+}
+
+/// The context as the planner mode sends it. Native mode sends it as is (borrowed, no
 /// copy). Structured mode renders it for a model without tool calling: assistant actions
 /// as their raw JSON text, tool results as `Observation:` user messages.
-fn request_messages<'m>(agent: &ToolAgent, messages: &'m [Message]) -> Cow<'m, [Message]> {
+fn rendered_messages<'m>(agent: &ToolAgent, messages: &'m [Message]) -> Cow<'m, [Message]> {
     match agent.planner_mode {
         PlannerMode::Native => Cow::Borrowed(messages),
         PlannerMode::Structured => Cow::Owned(
