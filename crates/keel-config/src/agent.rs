@@ -59,9 +59,9 @@ pub struct AgentDefinition {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions_file: Option<PathBuf>,
     /// A short note the model is shown again on every call, at the end of the user's
-    /// latest message: the few rules the agent must not lose sight of
-    /// behind a long system prompt (small local models weigh what is near the end of the
-    /// prompt far more than its top). Not stored in the thread's log.
+    /// latest message: the few rules the agent must not lose sight of behind a long system
+    /// prompt (small local models weigh what is near the end of the prompt far more than
+    /// its top). Not stored in the thread's log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reminder: Option<String>,
     /// Model: `provider:model` or a keel.toml `[models.<alias>]` name.

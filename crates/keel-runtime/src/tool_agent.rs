@@ -405,11 +405,11 @@ impl ToolAgentBuilder {
 
     /// A short note shown to the model again on every call, at the end of the user's
     /// latest message (a text part of its own, after a blank line; `None`, or only
-    /// whitespace: none). For the few
-    /// rules the agent must keep in view however long the system prompt and the run get:
-    /// small local models weigh what is near the end of the prompt far more than the top
-    /// of a long system prompt. It is part of each request, not of the thread's log; its
-    /// text counts in the agent's fingerprint like the system prompt's.
+    /// whitespace: none). For the few rules the agent must keep in view however long the
+    /// system prompt and the run get: small local models weigh what is near the end of the
+    /// prompt far more than the top of a long system prompt. It is part of each request,
+    /// not of the thread's log; its text counts in the agent's fingerprint like the system
+    /// prompt's. A critic's rejection is a user message too: the reminder moves to it.
     pub fn reminder(mut self, reminder: Option<String>) -> Self {
         self.reminder = reminder
             .map(|text| text.trim().to_string())
