@@ -18,7 +18,7 @@
 //!   group that raises runs again one subtransaction per append) so every caller gets
 //!   its own answer
 //!   (SQLite: `sqlite_writer`, a `rusqlite` connection on a dedicated thread that also
-//!   performs fork, delete, purge and queue updates, and that holds a group up to 0.5 ms
+//!   performs fork, delete, purge and queue updates, and that holds a group up to 2 ms
 //!   to gather more while runs append concurrently; Postgres: `postgres_writer`, one
 //!   `keel_append_group` call per group). An append returns once its group committed.
 //! - The optimistic-concurrency check (`expected_next_seq` = the thread's event count)
