@@ -70,10 +70,10 @@ pub(crate) const MAX_GROUP: usize = 512;
 pub(crate) const CONCURRENT_FOR: Duration = Duration::from_millis(10);
 
 /// While appends are concurrent, how long the background thread may hold the oldest
-/// queued job to gather more into its group. 2 ms rather than 0.5: `./scripts/bench` W2,
-/// interleaved on one VM, SQLite's wall over the memory store's 1.10–1.20× (12 runs)
-/// against 1.09–1.28× (16 runs) — fewer, larger groups; the added wait is small beside
-/// any model call (docs/performance.md).
+/// queued job to gather more into its group. 2 ms rather than 0.5: `./scripts/bench` W2
+/// on one VM, SQLite's wall over the memory store's 0.98–1.20× (mean 1.13, 12 runs)
+/// against 1.09–1.28× (mean 1.18, 16 runs) — fewer, larger groups; the added wait is
+/// small beside any model call (docs/performance.md).
 pub(crate) const GATHER_WINDOW: Duration = Duration::from_micros(2000);
 
 /// Commits between two PASSIVE checkpoints of the WAL (a few pages each: the WAL stays
