@@ -88,6 +88,65 @@ pub fn withheld_tools(rules: &[CallRule], succeeded: &[&str]) -> Vec<String> {
     withheld
 }
 
+/// What one grounded argument may cite right now ([`grounded_arguments`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroundedArgument {
+    /// The tool.
+    pub tool: String,
+    /// The JSON pointer into its arguments (a rule's `grounded` entry, e.g. `/findings`).
+    pub pointer: String,
+    /// The words and figures of the run's results, as the results write them, that count
+    /// as a citation there: a string quoting any one of them (as a whole token) cites
+    /// something. Sorted, longest first, at most [`MAX_CITATIONS`].
+    pub citations: Vec<String>,
+}
+
+/// At most this many citations per grounded argument ([`GroundedArgument::citations`]):
+/// a grammar built from them stays small; the longest (the most specific) are kept.
+pub const MAX_CITATIONS: usize = 512;
+
+/// For each `grounded` argument of a tool the rules do not withhold now, what a string
+/// there may cite given the run's successful calls so far (`past`, in order): the words
+/// and figures of their results that [`check_call`] would count as a citation, less the
+/// values the tool shares with its reads (the `same` arguments of the `after` calls:
+/// `v2.1.0` names the release assessed, it is no evidence about it). A provider that
+/// constrains decoding with a grammar (keel-local) makes every string there quote one of
+/// them, so a small model's call cannot be refused for citing nothing; it may still be
+/// refused for quoting a figure no tool returned. Empty when no call succeeded yet.
+pub fn grounded_arguments(
+    rules: &[CallRule],
+    past: &[PastCall<'_>],
+    withheld: &[String],
+) -> Vec<GroundedArgument> {
+    if past.is_empty() {
+        return Vec::new();
+    }
+    let mut grounded = Vec::new();
+    for rule in rules
+        .iter()
+        .filter(|r| !r.grounded.is_empty() && !withheld.contains(&r.tool))
+    {
+        let mut facts = Facts::of(past.iter().map(|c| c.result));
+        facts.exclude(
+            past.iter()
+                .filter(|c| rule.after.iter().any(|tool| tool == c.tool))
+                .flat_map(|c| rule.same.iter().filter_map(|key| c.arguments.get(key))),
+        );
+        let citations = facts.citations(past.iter().map(|c| c.result));
+        if citations.is_empty() {
+            continue;
+        }
+        for pointer in &rule.grounded {
+            grounded.push(GroundedArgument {
+                tool: rule.tool.clone(),
+                pointer: pointer.clone(),
+                citations: citations.clone(),
+            });
+        }
+    }
+    grounded
+}
+
 /// How far the run got with one tool, as [`expected_tools`] sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ToolProgress {
@@ -377,6 +436,54 @@ impl Facts {
         }
     }
 
+    /// Whether a lowercase word counts as a citation when a finding quotes it.
+    fn cites_word(&self, word: &str) -> bool {
+        self.words.contains(word) && word.chars().count() >= 4 && !COMMON.contains(&word)
+    }
+
+    /// The tokens of `results` (and the parts of their identifiers) that quoted alone
+    /// would make [`Facts::judge`] say `Grounded`, as the results write them: their
+    /// numbers and their distinctive words, less the excluded ones; deduplicated without
+    /// regard to case, longest first, at most [`MAX_CITATIONS`].
+    fn citations<'a>(&self, results: impl Iterator<Item = &'a Value>) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        let mut citations: Vec<String> = Vec::new();
+        let mut add = |quote: &str| {
+            if seen.insert(quote.to_lowercase()) {
+                citations.push(quote.to_string());
+            }
+        };
+        let mut stack: Vec<&Value> = results.collect();
+        while let Some(value) = stack.pop() {
+            match value {
+                Value::Number(n) => add(&n.to_string()),
+                Value::String(s) => {
+                    for token in raw_tokens(s) {
+                        let lower = token.to_lowercase();
+                        if self.excluded.contains(&lower) {
+                            continue;
+                        }
+                        if number(&lower).is_some() || self.cites_word(&lower) {
+                            add(token);
+                        }
+                        for part in token.split(['_', '.', '-']).filter(|p| *p != token) {
+                            let lower = part.to_lowercase();
+                            if !self.excluded.contains(&lower) && self.cites_word(&lower) {
+                                add(part);
+                            }
+                        }
+                    }
+                }
+                Value::Array(items) => stack.extend(items),
+                Value::Object(map) => stack.extend(map.values()),
+                Value::Bool(_) | Value::Null => {}
+            }
+        }
+        citations.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        citations.truncate(MAX_CITATIONS);
+        citations
+    }
+
     /// Whether `text` cites a number (as is, as a percentage of a fraction, or a sum,
     /// difference or ratio of two) or a distinctive word of the results, and whether it
     /// quotes a number or an identifier (`test_journal_balances`, `v4.8.1`) they lack.
@@ -397,9 +504,7 @@ impl Facts {
                     }
                     _ => {}
                 },
-                None if self.words.contains(&token) => {
-                    cites |= token.chars().count() >= 4 && !COMMON.contains(&token.as_str());
-                }
+                None if self.words.contains(&token) => cites |= self.cites_word(&token),
                 None if is_identifier(&token)
                     && !self.keys.contains(&token)
                     && !invented.contains(&token) =>
@@ -476,11 +581,14 @@ fn is_identifier(token: &str) -> bool {
 /// Lowercase tokens: runs of letters, digits and `_ . % -` inside words (`test_x`,
 /// `1.0.215`, `2%`), without leading or trailing punctuation.
 fn tokens(text: &str) -> Vec<String> {
+    raw_tokens(text).map(str::to_lowercase).collect()
+}
+
+/// [`tokens`] as the text writes them.
+fn raw_tokens(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '%' | '-')))
         .map(|t| t.trim_matches(|c: char| matches!(c, '.' | '-' | '_')))
         .filter(|t| !t.is_empty())
-        .map(str::to_lowercase)
-        .collect()
 }
 
 /// Numbers written as words, as in "zero tests ran".
@@ -774,6 +882,59 @@ mod tests {
             "/findings/5",
         ] {
             assert!(error.contains(bad), "{bad} not in {error}");
+        }
+    }
+
+    #[test]
+    fn grounded_arguments_list_what_a_finding_may_cite() {
+        let args = json!({"release_id": "v2.1.0"});
+        let (s, d) = (summary(), details());
+        let past = both_reads(&args, &s, &d);
+        // Nothing succeeded yet, or the tool is withheld: nothing to constrain.
+        assert!(grounded_arguments(&[rule()], &[], &[]).is_empty());
+        assert!(grounded_arguments(&[rule()], &past, &["file_risk_report".into()]).is_empty());
+        let grounded = grounded_arguments(&[rule()], &past, &[]);
+        let [argument] = grounded.as_slice() else {
+            panic!("one grounded argument expected: {grounded:?}")
+        };
+        assert_eq!(argument.tool, "file_risk_report");
+        assert_eq!(argument.pointer, "/findings");
+        let citations = &argument.citations;
+        // As the results write them, the identifier and its distinctive parts, figures.
+        for expected in [
+            "test_capture_partial_refund",
+            "payments",
+            "capture",
+            "partial",
+            "refund",
+            "Added",
+            "payment",
+            "processing",
+            "142",
+            "0.02",
+            "450",
+        ] {
+            assert!(
+                citations.iter().any(|c| c == expected),
+                "{expected} not in {citations:?}"
+            );
+        }
+        // Not the release id the reads were called with, nor short or common words.
+        for absent in ["v2.1.0", "2.1.0", "v2", "test", "Release"] {
+            assert!(
+                !citations.iter().any(|c| c == absent),
+                "{absent} in {citations:?}"
+            );
+        }
+        // Longest first, and every one of them alone is a finding the rules accept.
+        assert!(
+            citations.windows(2).all(|w| w[0].len() >= w[1].len()),
+            "{citations:?}"
+        );
+        for citation in citations {
+            let call = json!({"release_id": "v2.1.0", "findings": [citation]});
+            check_call(&[rule()], "file_risk_report", &call, &past, &[])
+                .unwrap_or_else(|e| panic!("{citation}: {e}"));
         }
     }
 

@@ -34,7 +34,8 @@ pub mod tool;
 
 pub use budget::Budget;
 pub use call_rules::{
-    CallRule, PastCall, ToolProgress, check_call, expected_tools, withheld_tools,
+    CallRule, GroundedArgument, MAX_CITATIONS, PastCall, ToolProgress, check_call, expected_tools,
+    grounded_arguments, withheld_tools,
 };
 pub use cancel::CancellationToken;
 pub use critic::{Critic, CriticInput, ModelCritic, RuleCritic, Subject, Verdict};

@@ -56,6 +56,14 @@ pub struct ModelRequest<'a> {
     /// (keel-local's eager tools) asks for a call among these while there are any, and
     /// for an answer after tool results once there are none; the others ignore it.
     pub expected_tools: &'a [String],
+    /// Arguments of offered tools that the call rules require to cite the run's tool
+    /// results (`grounded`), with what counts as a citation there
+    /// ([`crate::grounded_arguments`]). The runner sends them for a tool once a call of it
+    /// failed in the run (typically refused for citing nothing), so a model's own first
+    /// wording stays free. A provider that constrains decoding with a grammar (keel-local)
+    /// makes each string there open with one of the citations; the others ignore it (the
+    /// runtime refuses a call citing nothing with a message either way).
+    pub grounded_arguments: &'a [crate::GroundedArgument],
 }
 
 impl<'a> ModelRequest<'a> {
@@ -73,6 +81,7 @@ impl<'a> ModelRequest<'a> {
             response_schema: None,
             withheld_tools: &[],
             expected_tools: &[],
+            grounded_arguments: &[],
         }
     }
 }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use keel_core::{ToolChoice, ToolDefinition};
+use keel_core::{GroundedArgument, ToolChoice, ToolDefinition};
 
 use crate::options::LocalModelOptions;
 
@@ -111,6 +111,7 @@ pub fn build_constraint(
     tools: &[ToolDefinition],
     choice: &ToolChoice,
     response_schema: Option<&Value>,
+    grounded: &[GroundedArgument],
     options: &LocalModelOptions,
 ) -> Result<Constraint, GrammarError> {
     let answer = match response_schema {
@@ -173,7 +174,7 @@ pub fn build_constraint(
         if i > 0 {
             lark.push_str("\n    | ");
         }
-        let schema = call_schema(tool, options);
+        let schema = call_schema(tool, grounded, options);
         lark.push_str("%json");
         lark.push_str(&to_json(&schema, &tool.name)?);
     }
@@ -186,9 +187,18 @@ fn to_json(value: &Value, what: &str) -> Result<String, GrammarError> {
 }
 
 /// The schema of one call object: `{"name": <const>, "arguments": <capped input schema>}`,
-/// with the tool's `$defs`/`definitions` hoisted to the root so `#/$defs/..` refs resolve.
-pub fn call_schema(tool: &ToolDefinition, options: &LocalModelOptions) -> Value {
+/// with the tool's `$defs`/`definitions` hoisted to the root so `#/$defs/..` refs resolve,
+/// and the strings of its grounded arguments required to quote a citation
+/// ([`crate::grounding`]).
+pub fn call_schema(
+    tool: &ToolDefinition,
+    grounded: &[GroundedArgument],
+    options: &LocalModelOptions,
+) -> Value {
     let mut arguments = cap_schema(&tool.input_schema, options);
+    for argument in grounded.iter().filter(|g| g.tool == tool.name) {
+        crate::grounding::require_citations(&mut arguments, argument);
+    }
     let mut root = Map::new();
     if let Value::Object(map) = &mut arguments {
         for key in ["$defs", "definitions"] {
@@ -402,6 +412,7 @@ mod tests {
             &tools,
             &ToolChoice::Auto,
             None,
+            &[],
             &options,
         )
         .unwrap();
@@ -414,6 +425,7 @@ mod tests {
             &tools,
             &ToolChoice::Required,
             None,
+            &[],
             &options,
         )
         .unwrap();
@@ -426,6 +438,7 @@ mod tests {
             &tools,
             &ToolChoice::None,
             None,
+            &[],
             &options,
         )
         .unwrap() else {
@@ -438,6 +451,7 @@ mod tests {
                 &[],
                 &ToolChoice::Auto,
                 None,
+                &[],
                 &options
             )
             .unwrap(),
@@ -449,6 +463,7 @@ mod tests {
                 &tools,
                 &ToolChoice::Tool("nope".into()),
                 None,
+                &[],
                 &options
             ),
             Err(GrammarError::UnknownTool("nope".into()))
@@ -459,6 +474,7 @@ mod tests {
                 &[],
                 &ToolChoice::Required,
                 None,
+                &[],
                 &options
             ),
             Err(GrammarError::NoTools)
@@ -474,6 +490,7 @@ mod tests {
             &tools,
             &ToolChoice::Auto,
             None,
+            &[],
             &options,
         )
         .unwrap() else {

@@ -20,6 +20,7 @@
 mod decode;
 mod engine;
 pub mod grammar;
+pub mod grounding;
 pub mod hermes;
 mod kv_cache;
 pub mod models;
@@ -219,6 +220,7 @@ impl LocalModel {
             &allowed,
             request.tool_choice,
             request.response_schema,
+            request.grounded_arguments,
             &self.options,
         )
         .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;

@@ -191,6 +191,166 @@ async fn structured_output_follows_the_response_schema() {
     validate(&schema, &value);
 }
 
+/// A call rule's grounded argument (`ModelRequest::grounded_arguments`) is in the grammar:
+/// asked for a note on a release, SmolLM2 writes prose that quotes none of the citations;
+/// with them in the request, every note it writes quotes one, as a whole token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grounded_arguments_quote_a_citation() {
+    let model = common::model(common::options());
+    let tools = vec![ToolDefinition {
+        name: "file_note".into(),
+        description: "Files notes about a software release.".into(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                "notes": {"type": "array", "items": {"type": "string", "maxLength": 80},
+                          "minItems": 1, "maxItems": 2}
+            },
+            "required": ["notes"],
+            "additionalProperties": false
+        }),
+    }];
+    let citations: Vec<String> = ["quokka_gateway", "zanzibar", "0.0173"]
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    let grounded = vec![keel_core::GroundedArgument {
+        tool: "file_note".into(),
+        pointer: "/notes".into(),
+        citations: citations.clone(),
+    }];
+    let cites =
+        regex::Regex::new(&keel_local::grounding::citation_pattern(&citations).unwrap()).unwrap();
+    let messages = vec![Message::user(
+        "Release v3.2.0 is ready. File a note saying how the release looks.",
+    )];
+    let choice = ToolChoice::Tool("file_note".into());
+    let notes = |response: &keel_core::ModelResponse| -> Vec<String> {
+        let call = response
+            .message
+            .tool_calls()
+            .next()
+            .cloned()
+            .expect("a call");
+        let args = call.parse_arguments().expect("arguments are JSON");
+        validate(&tools[0].input_schema, &args);
+        args["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect()
+    };
+    for constrained in [false, true] {
+        let mut request = ModelRequest::new(&messages);
+        request.tools = &tools;
+        request.tool_choice = &choice;
+        request.max_output_tokens = Some(160);
+        if constrained {
+            request.grounded_arguments = &grounded;
+        }
+        let (response, _) = common::collect(&model, request).await;
+        let notes = notes(&response);
+        eprintln!("constrained: {constrained}: {notes:?}");
+        assert!(!notes.is_empty());
+        for note in &notes {
+            assert_eq!(cites.is_match(note), constrained, "{note:?}");
+        }
+    }
+}
+
+/// The citations of a real release (the Detective's v2.1.0 fixture: a few hundred words
+/// and figures) stay within the grammar engine's limits: the report's call is written,
+/// every finding quotes one of them, and none is refused for citing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grounded_findings_over_a_real_release_fit_the_grammar() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../agents/detective/fixtures/releases/v2.1.0.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let args = json!({"release_id": "v2.1.0"});
+    let past = [
+        keel_core::PastCall {
+            tool: "get_release_summary",
+            arguments: &args,
+            result: &fixture["summary"],
+        },
+        keel_core::PastCall {
+            tool: "get_test_details",
+            arguments: &args,
+            result: &fixture["test_details"],
+        },
+    ];
+    let rule = keel_core::CallRule {
+        tool: "file_risk_report".into(),
+        after: vec!["get_release_summary".into(), "get_test_details".into()],
+        same: vec!["release_id".into()],
+        max_successes: Some(1),
+        grounded: vec!["/findings".into()],
+    };
+    let grounded = keel_core::grounded_arguments(std::slice::from_ref(&rule), &past, &[]);
+    assert_eq!(grounded.len(), 1, "{grounded:?}");
+    eprintln!("{} citations", grounded[0].citations.len());
+    let tools = vec![ToolDefinition {
+        name: "file_risk_report".into(),
+        description: "Files a risk report for a release.".into(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                "release_id": {"type": "string"},
+                "severity": {"enum": ["high", "medium", "low"]},
+                "findings": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+            },
+            "required": ["release_id", "severity", "findings"],
+            "additionalProperties": false
+        }),
+    }];
+    let messages = vec![Message::user(format!(
+        "Release v2.1.0: {}\nTests: {}\nFile a risk report for v2.1.0.",
+        fixture["summary"], fixture["test_details"]
+    ))];
+    let choice = ToolChoice::Tool("file_risk_report".into());
+    let mut options = common::options();
+    options.max_tool_calls = 1;
+    let model = common::model(options);
+    let mut request = ModelRequest::new(&messages);
+    request.tools = &tools;
+    request.tool_choice = &choice;
+    request.max_output_tokens = Some(600);
+    request.grounded_arguments = &grounded;
+    let (response, _) = common::collect(&model, request).await;
+    assert_eq!(
+        response.stop_reason,
+        StopReason::ToolUse,
+        "{:?}",
+        response.message
+    );
+    let call = response
+        .message
+        .tool_calls()
+        .next()
+        .cloned()
+        .expect("a call");
+    let arguments = call.parse_arguments().unwrap();
+    eprintln!("{arguments}");
+    validate(&tools[0].input_schema, &arguments);
+    let cites = regex::Regex::new(
+        &keel_local::grounding::citation_pattern(&grounded[0].citations).unwrap(),
+    )
+    .unwrap();
+    for finding in arguments["findings"].as_array().unwrap() {
+        assert!(cites.is_match(finding.as_str().unwrap()), "{finding}");
+    }
+    if let Err(refusal) = keel_core::check_call(&[rule], "file_risk_report", &arguments, &past, &[])
+    {
+        assert!(!refusal.contains("cites nothing"), "{refusal}");
+    }
+}
+
 #[test]
 fn generation_does_not_block_the_async_runtime() {
     // A single-threaded runtime: if generation ran on it, the ticker could not tick.

@@ -221,6 +221,33 @@ async fn reports_are_refused_until_grounded_in_this_runs_reads_and_filed_once() 
         ],
         "{requests:#?}"
     );
+    // And what the report's findings could cite, once a filing was refused after the
+    // report was no longer withheld (the first filing, before the reads, does not count):
+    // the reads' words and figures, never the release id they were called with.
+    let grounded: Vec<bool> = requests
+        .iter()
+        .map(|r| !r.grounded_arguments.is_empty())
+        .collect();
+    assert_eq!(
+        grounded,
+        [false, false, false, false, true, false, false],
+        "{requests:#?}"
+    );
+    let argument = &requests[4].grounded_arguments[0];
+    assert_eq!(
+        (argument.tool.as_str(), argument.pointer.as_str()),
+        ("file_risk_report", "/findings")
+    );
+    for cited in ["test_capture_partial_refund", "payments", "142", "0.02"] {
+        assert!(
+            argument.citations.iter().any(|c| c == cited),
+            "{cited}: {argument:?}"
+        );
+    }
+    assert!(
+        !argument.citations.iter().any(|c| c.contains("2.1.0")),
+        "{argument:?}"
+    );
 }
 
 /// A question asked beside calls that will run is refused (their results may answer it):

@@ -181,6 +181,8 @@ pub struct RecordedRequest {
     pub withheld_tools: Vec<String>,
     /// The offered tools the call rules still expected (their declared sequence).
     pub expected_tools: Vec<String>,
+    /// What the grounded arguments of the offered tools could cite (call rules).
+    pub grounded_arguments: Vec<keel_core::GroundedArgument>,
 }
 
 impl RecordedRequest {
@@ -389,6 +391,7 @@ impl Model for ScriptedModel {
             tool_choice: request.tool_choice.clone(),
             withheld_tools: request.withheld_tools.to_vec(),
             expected_tools: request.expected_tools.to_vec(),
+            grounded_arguments: request.grounded_arguments.to_vec(),
         };
         let estimated_input = self.estimate_tokens(&request);
         let index = self.next.fetch_add(1, Ordering::SeqCst);

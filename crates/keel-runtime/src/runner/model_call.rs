@@ -119,12 +119,15 @@ fn forced_tool_choice(journal: &Journal<'_>) -> Option<ToolChoice> {
 }
 
 /// Where the run stands with the agent's call rules: the tools they would refuse now,
-/// whatever the arguments ([`ModelRequest::withheld_tools`]), and the tools their declared
-/// sequence still expects ([`ModelRequest::expected_tools`]).
+/// whatever the arguments ([`ModelRequest::withheld_tools`]), the tools their declared
+/// sequence still expects ([`ModelRequest::expected_tools`]), and, for a tool whose call
+/// already failed in the run, what its grounded arguments may cite
+/// ([`ModelRequest::grounded_arguments`]).
 #[derive(Default)]
 struct RuleState {
     withheld: Vec<String>,
     expected: Vec<String>,
+    grounded: Vec<keel_core::GroundedArgument>,
 }
 
 fn rule_state(agent: &ToolAgent, journal: &Journal<'_>) -> RuleState {
@@ -168,7 +171,35 @@ fn rule_state(agent: &ToolAgent, journal: &Journal<'_>) -> RuleState {
         .into_iter()
         .filter(|tool| agent.tool_definitions.iter().any(|t| &t.name == tool))
         .collect();
-    RuleState { withheld, expected }
+    // Only for a tool whose call already failed in this run once it was no longer
+    // withheld (typically refused for citing nothing): on the Detective, a grammar
+    // requiring a citation first from the start had Qwen2.5-Coder-1.5B pad its findings
+    // with false ones built from real figures ("0 of 142 tests passed in payments area"),
+    // while SmolLM2-135M repeats a refused filing word for word until it is constrained
+    // (docs/detective.md, "Grounded findings in the grammar").
+    let refused = |tool: &str| progress.get(tool).is_some_and(|p| p.failed > 0);
+    let grounded = if agent
+        .call_rules
+        .iter()
+        .any(|r| !r.grounded.is_empty() && refused(&r.tool))
+    {
+        let succeeded = super::tools::successful_calls(journal);
+        keel_core::grounded_arguments(
+            &agent.call_rules,
+            &super::tools::past_calls(&succeeded),
+            &withheld,
+        )
+        .into_iter()
+        .filter(|argument| refused(&argument.tool))
+        .collect()
+    } else {
+        Vec::new()
+    };
+    RuleState {
+        withheld,
+        expected,
+        grounded,
+    }
 }
 
 fn build_request<'a>(
@@ -198,6 +229,7 @@ fn build_request<'a>(
         },
         withheld_tools: &rules.withheld,
         expected_tools: &rules.expected,
+        grounded_arguments: &rules.grounded,
     }
 }
 

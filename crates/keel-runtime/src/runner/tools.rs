@@ -287,34 +287,8 @@ fn call_rule_refusals(
     if agent.call_rules.is_empty() {
         return refusals;
     }
-    let mut requested: std::collections::HashMap<&str, (&str, serde_json::Value)> =
-        std::collections::HashMap::new();
-    let mut succeeded: Vec<(&str, serde_json::Value, &serde_json::Value)> = Vec::new();
-    for event in journal.run_events() {
-        match &event.kind {
-            EventKind::ToolCallRequested { call, .. } => {
-                let arguments = call.parse_arguments().unwrap_or(serde_json::Value::Null);
-                requested.insert(call.id.as_str(), (call.name.as_str(), arguments));
-            }
-            EventKind::ToolCallFinished { result } => {
-                if let (ToolResultKind::Ok { data, .. }, Some((tool, arguments))) = (
-                    &result.outcome.result,
-                    requested.get(result.call_id.as_str()),
-                ) {
-                    succeeded.push((tool, arguments.clone(), data));
-                }
-            }
-            _ => {}
-        }
-    }
-    let past: Vec<keel_core::PastCall<'_>> = succeeded
-        .iter()
-        .map(|(tool, arguments, result)| keel_core::PastCall {
-            tool,
-            arguments,
-            result,
-        })
-        .collect();
+    let succeeded = successful_calls(journal);
+    let past = past_calls(&succeeded);
     let mut in_flight: Vec<&str> = Vec::new();
     for pending in calls
         .iter()
@@ -338,6 +312,48 @@ fn call_rule_refusals(
         }
     }
     refusals
+}
+
+/// The run's successful tool calls so far, in order, as the call rules judge them: the
+/// tool, its parsed arguments and its result data (from the run's log).
+pub(super) fn successful_calls<'j>(
+    journal: &'j Journal<'_>,
+) -> Vec<(&'j str, serde_json::Value, &'j serde_json::Value)> {
+    let mut requested: std::collections::HashMap<&str, (&str, serde_json::Value)> =
+        std::collections::HashMap::new();
+    let mut succeeded = Vec::new();
+    for event in journal.run_events() {
+        match &event.kind {
+            EventKind::ToolCallRequested { call, .. } => {
+                let arguments = call.parse_arguments().unwrap_or(serde_json::Value::Null);
+                requested.insert(call.id.as_str(), (call.name.as_str(), arguments));
+            }
+            EventKind::ToolCallFinished { result } => {
+                if let (ToolResultKind::Ok { data, .. }, Some((tool, arguments))) = (
+                    &result.outcome.result,
+                    requested.get(result.call_id.as_str()),
+                ) {
+                    succeeded.push((*tool, arguments.clone(), data));
+                }
+            }
+            _ => {}
+        }
+    }
+    succeeded
+}
+
+/// [`successful_calls`] as [`keel_core::PastCall`]s.
+pub(super) fn past_calls<'a>(
+    succeeded: &'a [(&'a str, serde_json::Value, &'a serde_json::Value)],
+) -> Vec<keel_core::PastCall<'a>> {
+    succeeded
+        .iter()
+        .map(|(tool, arguments, result)| keel_core::PastCall {
+            tool,
+            arguments,
+            result,
+        })
+        .collect()
 }
 
 /// What the run lends the turn's tools: its trace, each call's span (the span of its
