@@ -917,7 +917,8 @@ mod tests {
     }
 
     /// Starts a job that keeps the writer committing until the returned sender is used
-    /// (its handle answers once it committed).
+    /// (its handle answers once it committed), and returns once that job is running: calls
+    /// made after it queue behind it.
     async fn hold_writer(
         w: &std::sync::Arc<SqliteWriter>,
     ) -> (
@@ -925,20 +926,26 @@ mod tests {
         tokio::task::JoinHandle<Result<(), StoreError>>,
     ) {
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let blocker = tokio::spawn({
+        let (running_tx, running_rx) = tokio::sync::oneshot::channel::<()>();
+        // The job may commit inline, on the thread that calls, and blocks that thread until
+        // released: a thread of its own, never a runtime worker (a blocked worker froze the
+        // tasks queued on it: "1 jobs never queued" once in a fresh-clone ./scripts/test
+        // under load). And the caller waits for the job itself to run, not for any commit
+        // (`committing` could still be set by the previous group, and then the blocker
+        // queued behind the calls it was meant to hold back).
+        let runtime = tokio::runtime::Handle::current();
+        let blocker = tokio::task::spawn_blocking({
             let w = w.clone();
-            async move {
-                w.call(AppendDurability::Default, move |_: &Connection| {
+            move || {
+                runtime.block_on(w.call(AppendDurability::Default, move |_: &Connection| {
+                    let _ = running_tx.send(());
                     release_rx
                         .recv()
                         .map_err(|e| StoreError::Backend(e.to_string()))
-                })
-                .await
+                }))
             }
         });
-        while !lock(&w.shared.queue).committing {
-            tokio::task::yield_now().await;
-        }
+        running_rx.await.unwrap();
         (release_tx, blocker)
     }
 
