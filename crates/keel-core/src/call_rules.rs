@@ -110,8 +110,8 @@ pub const MAX_CITATIONS: usize = 512;
 /// and figures of their results that [`check_call`] would count as a citation, less the
 /// values the tool shares with its reads (the `same` arguments of the `after` calls:
 /// `v2.1.0` names the release assessed, it is no evidence about it). A provider that
-/// constrains decoding with a grammar (keel-local) makes every string there quote one of
-/// them, so a small model's call cannot be refused for citing nothing; it may still be
+/// constrains decoding with a grammar (keel-local) makes every string there open with one
+/// of them, so a small model's call cannot be refused for citing nothing; it may still be
 /// refused for quoting a figure no tool returned. Empty when no call succeeded yet.
 pub fn grounded_arguments(
     rules: &[CallRule],

@@ -4,20 +4,16 @@
 //! results write it: "payments::capture::test_capture_partial_refund fails", "2 of 142
 //! tests fail", "0.02 error rate against 0.004".
 //!
-//! Why it opens the string, measured on SmolLM2-135M over the Detective's v2.1.0: with a
-//! citation required *anywhere*, the model wrote what it wanted to (`v2.1.0`, which cites
-//! nothing), could not close the string, and ran on (`v2.1.0.v2.v2.v2…`) to the length
-//! cap. Required first, it starts with a test name or a figure and closes when it likes.
-//! The runtime's check ignores case; the pattern does not, because a case-insensitive
-//! alternation of a release's few dozen citations exhausted llguidance's lexer budget on
-//! the first token of the string.
-//!
-//! Measured on SmolLM2-135M (docs/local-model.md): with the grammar checking only the
-//! schema, it filed findings such as `["v2.1.0"]`; the runtime refused them for citing
-//! nothing, and greedy decoding wrote the same call again until the run gave up. With the
-//! pattern in the grammar, the call the model writes is one the rule lets through (it may
-//! still be refused for quoting a figure no tool returned: the pattern does not forbid
-//! other text around the citation).
+//! Measured on SmolLM2-135M over the Detective's v2.1.0 (docs/local-model.md): with the
+//! grammar checking only the schema, it filed findings such as `["v2.1.0"]`, the runtime
+//! refused them for citing nothing, and greedy decoding wrote the same call again until
+//! the run gave up. With a citation required *anywhere* in the string, it wrote what it
+//! wanted to (`v2.1.0`), could not close the string, and ran on (`v2.1.0.v2.v2…`) to the
+//! length cap. Required first, it opens with a figure or a name and closes when it likes;
+//! the call may still be refused for quoting a figure no tool returned (the pattern says
+//! nothing about the rest of the string). The runtime's check ignores case; the pattern
+//! does not, because a case-insensitive alternation of a release's few dozen citations
+//! exhausted llguidance's lexer budget on the first token of the string.
 
 use keel_core::GroundedArgument;
 use serde_json::{Value, json};
