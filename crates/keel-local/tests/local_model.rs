@@ -58,6 +58,14 @@ fn validate(schema: &Value, instance: &Value) {
     );
 }
 
+/// The arguments of the response's first tool call, validated against `schema`.
+fn first_call_arguments(response: &keel_core::ModelResponse, schema: &Value) -> Value {
+    let call = response.message.tool_calls().next().expect("a tool call");
+    let arguments = call.parse_arguments().expect("arguments are JSON");
+    validate(schema, &arguments);
+    arguments
+}
+
 /// Multiplies `a*b` style expressions (all the test needs), else evaluates nothing.
 fn evaluate(expression: &str) -> Option<i64> {
     let cleaned: String = expression.chars().filter(|c| !c.is_whitespace()).collect();
@@ -226,15 +234,7 @@ async fn grounded_arguments_quote_a_citation() {
     )];
     let choice = ToolChoice::Tool("file_note".into());
     let notes = |response: &keel_core::ModelResponse| -> Vec<String> {
-        let call = response
-            .message
-            .tool_calls()
-            .next()
-            .cloned()
-            .expect("a call");
-        let args = call.parse_arguments().expect("arguments are JSON");
-        validate(&tools[0].input_schema, &args);
-        args["notes"]
+        first_call_arguments(response, &tools[0].input_schema)["notes"]
             .as_array()
             .unwrap()
             .iter()
@@ -329,15 +329,8 @@ async fn grounded_findings_over_a_real_release_fit_the_grammar() {
         "{:?}",
         response.message
     );
-    let call = response
-        .message
-        .tool_calls()
-        .next()
-        .cloned()
-        .expect("a call");
-    let arguments = call.parse_arguments().unwrap();
+    let arguments = first_call_arguments(&response, &tools[0].input_schema);
     eprintln!("{arguments}");
-    validate(&tools[0].input_schema, &arguments);
     let cites = regex::Regex::new(
         &keel_local::grounding::citation_pattern(&grounded[0].citations).unwrap(),
     )
