@@ -248,14 +248,14 @@ fn filing(release: &str, severity: &str, findings: &[&str]) -> MockTurn {
     )
 }
 
-/// The findings of the "Good usage" example in `file_risk_report`'s usage guide (the line
-/// after "Good usage"), which the 0.5B and 1.5B Qwen models copied when it was a concrete
-/// report (issue 19); now a shape with `<...>` placeholders.
+/// The findings of the "Good usage" example in `file_risk_report`'s usage guide (the first
+/// `- {` line after "Good usage"), which the 0.5B and 1.5B Qwen models copied when it was a
+/// concrete report (issue 19); now a shape with `<...>` placeholders.
 fn usage_guide_example() -> Vec<String> {
     let line = keel_detective::DETECTIVE_AGENT_TOML
         .lines()
         .skip_while(|l| !l.starts_with("Good usage"))
-        .nth(1)
+        .find(|l| l.starts_with("- {"))
         .unwrap();
     let example: Value = serde_json::Deserializer::from_str(line.trim_start_matches("- "))
         .into_iter::<Value>()
