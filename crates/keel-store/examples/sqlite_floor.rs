@@ -174,6 +174,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let conversations: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3000);
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
+    if conversations == 0 || rounds == 0 {
+        eprintln!("usage: sqlite_floor [CONVERSATIONS] [ROUNDS], both at least 1");
+        std::process::exit(2);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
