@@ -31,20 +31,9 @@ use chrono::Utc;
 use keel_core::event::{Event, EventKind};
 use keel_store::{EventStore, SqliteStore};
 
-/// The process's CPU time (user + system) in seconds, from `/proc/self/stat`: the
-/// caller's thread and the store's writer thread alike.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
+mod common;
+
+use common::cpu_seconds;
 
 /// The events of one conversation's appends: 3, 4 and 3.
 const APPENDS: [u64; 3] = [3, 4, 3];
@@ -194,8 +183,9 @@ fn main() {
     });
     let (s, b) = (median(&mut store), median(&mut plain));
     println!(
-        "median of {rounds} rounds × {conversations} conversations × 3 commits: \
+        "median of {rounds} rounds × {conversations} conversations × {} commits: \
          SqliteStore {s:.1} us, bare rusqlite {b:.1} us CPU per commit ({:.2}×)",
+        APPENDS.len(),
         s / b
     );
 }
