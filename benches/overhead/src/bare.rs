@@ -25,6 +25,26 @@ pub struct RequestTemplate {
     pub max_completion_tokens: u32,
 }
 
+/// The request a hand-written client sends (`bare-minimal`): a one-line system prompt and
+/// the calculator's definition alone, as a user of a bare HTTP client would write them —
+/// not Keel's prompt with usage guides and its whole tool list.
+pub fn minimal_template(model: &str) -> RequestTemplate {
+    RequestTemplate {
+        model: model.to_owned(),
+        system: "You are a helpful assistant.".to_owned(),
+        tools: vec![json!({"type": "function", "function": {
+            "name": "calculator",
+            "description": "Evaluates an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"]
+            }
+        }})],
+        max_completion_tokens: 1024,
+    }
+}
+
 /// A bare client: one reqwest client (one connection pool) shared by every conversation.
 pub struct Bare {
     client: reqwest::Client,

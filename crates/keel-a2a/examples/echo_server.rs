@@ -16,7 +16,11 @@ async fn main() -> std::io::Result<()> {
         .unwrap_or(41242);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let address = listener.local_addr()?;
-    let app = keel_a2a::router(std::sync::Arc::new(EchoBackend::new())).build();
+    let app = keel_a2a::router(
+        std::sync::Arc::new(EchoBackend::new()),
+        format!("http://{address}"),
+    )
+    .build();
     println!("READY http://{address}");
     axum::serve(listener, app).await
 }

@@ -382,7 +382,8 @@ pub async fn serve_echo() -> std::io::Result<(String, Arc<EchoBackend>)> {
 pub async fn serve(backend: Arc<EchoBackend>) -> std::io::Result<String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let address = listener.local_addr()?;
-    let router = crate::server::router(Arc::new(Arc::clone(&backend))).build();
+    let router =
+        crate::server::router(Arc::new(Arc::clone(&backend)), format!("http://{address}")).build();
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

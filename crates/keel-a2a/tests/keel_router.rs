@@ -21,7 +21,7 @@ use crate::common::{DEADLINE, client, ctx, serve};
 
 async fn echo_router() -> (String, Arc<EchoBackend>) {
     let backend = EchoBackend::new();
-    let url = serve(keel_a2a::router(Arc::new(Arc::clone(&backend))).build()).await;
+    let url = serve(|url| keel_a2a::router(Arc::new(Arc::clone(&backend)), url).build()).await;
     (url, backend)
 }
 

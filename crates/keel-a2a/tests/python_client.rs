@@ -10,7 +10,7 @@ use keel_a2a::testing::EchoBackend;
 use crate::common::{DEADLINE, python, script, serve};
 
 async fn python_client_against_the_router(version: &str) {
-    let url = serve(keel_a2a::router(Arc::new(EchoBackend::new())).build()).await;
+    let url = serve(|url| keel_a2a::router(Arc::new(EchoBackend::new()), url).build()).await;
     let output = tokio::time::timeout(
         DEADLINE,
         tokio::process::Command::new(python())

@@ -468,6 +468,9 @@ pub(crate) fn with_handoffs(
     if let Some(limit) = def.max_handoffs {
         builder = builder.max_handoffs(limit);
     }
+    if let Some(durability) = def.durability {
+        builder = builder.durability(durability);
+    }
     builder
 }
 

@@ -26,6 +26,7 @@ pub mod a2a_agent;
 mod build;
 mod catalog;
 pub mod compose;
+pub mod crash_point;
 pub mod definition;
 mod error;
 pub mod model;

@@ -44,7 +44,10 @@ pub async fn open_store(url: &str) -> Result<OpenedStore, AppError> {
     let mut attempt = 0u64;
     loop {
         match keel_store::open(url).await {
-            Ok(opened) => return Ok(opened),
+            Ok(mut opened) => {
+                opened.events = crate::crash_point::arm(opened.events);
+                return Ok(opened);
+            }
             Err(_) if attempt < 4 && !url.starts_with("postgres") => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(50 * attempt)).await;

@@ -85,6 +85,7 @@ const KEYS: &[(&str, Check)] = &[
     ("agents.<name>.approve", agents_approve),
     ("agents.<name>.handoffs", agents_handoffs),
     ("agents.<name>.max_handoffs", agents_max_handoffs),
+    ("agents.<name>.durability", agents_durability),
     ("agents.<name>.agents_as_tools", agents_agents_as_tools),
     ("agents.<name>.budget.max_turns", budget_max_turns),
     (
@@ -171,6 +172,8 @@ const KEYS: &[(&str, Check)] = &[
     ("workflows.<name>.model", workflows_model),
     ("workflows.<name>.default", workflows_default),
     ("server.bind", server_bind),
+    ("server.public_url", server_public_url),
+    ("server.allowed_hosts", server_allowed_hosts),
     ("server.workers", server_workers),
     ("server.max_body_bytes", server_max_body_bytes),
     ("server.request_timeout_ms", server_request_timeout),
@@ -974,6 +977,26 @@ fn agents_max_handoffs() {
         steps(),
     );
     assert_eq!(outcome.final_text.as_deref(), Some("a answers itself"));
+}
+
+fn agents_durability() {
+    let built = |toml: &str| agent_a(toml, scripted(vec![])).agent.durability();
+    assert_eq!(built("[agents.a]\n"), keel_core::RunDurability::Effects);
+    assert_eq!(
+        built("[agents.a]\ndurability = \"steps\"\n"),
+        keel_core::RunDurability::Steps
+    );
+    let refused = App::from_toml_str(
+        "[agents.a]\ndurability = \"always\"\n",
+        Path::new("."),
+        env_of(&[]),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("effects") && refused.to_string().contains("steps"),
+        "the valid values are named: {refused}"
+    );
 }
 
 fn agents_agents_as_tools() {
@@ -2316,6 +2339,27 @@ fn server_bind() {
     assert!(server_problem("bind = \"localhost\"").starts_with("server.bind"));
 }
 
+fn server_public_url() {
+    assert_eq!(server("").public_url, None);
+    let public = server("public_url = \"https://agents.example/\"");
+    let everywhere: std::net::SocketAddr = "0.0.0.0:8080".parse().unwrap();
+    assert_eq!(public.base_url(everywhere), "https://agents.example");
+    assert!(public.serving_problems(everywhere).is_empty());
+    // Without it, only a loopback address may serve (`keel serve` checks at start-up).
+    assert!(server("").serving_problems(everywhere)[0].contains("[server] public_url"));
+    assert!(server_problem("public_url = \"agents.example\"").starts_with("server.public_url"));
+}
+
+fn server_allowed_hosts() {
+    assert!(server("").allowed_hosts.is_empty());
+    let hosts = server("allowed_hosts = [\"keel.internal\", \"*\"]").allowed_hosts;
+    assert_eq!(hosts, ["keel.internal", "*"]);
+    assert!(
+        server_problem("allowed_hosts = [\"https://a.example/\"]")
+            .starts_with("server.allowed_hosts")
+    );
+}
+
 fn server_workers() {
     assert_eq!(server("").workers, 2);
     assert_eq!(server("workers = 0").workers, 0);
@@ -2324,7 +2368,7 @@ fn server_workers() {
 fn server_max_body_bytes() {
     assert_eq!(server("").max_body_bytes, 1024 * 1024);
     assert_eq!(server("max_body_bytes = 4096").max_body_bytes, 4096);
-    assert!(server_problem("max_body_bytes = 10").contains("at least 1024"));
+    assert!(server_problem("max_body_bytes = 10").contains("[1024, 1073741824]"));
 }
 
 fn server_request_timeout() {
@@ -2344,11 +2388,15 @@ fn server_stream_timeout() {
 fn server_shutdown_grace() {
     assert_eq!(server("").shutdown_grace_ms, 30_000);
     assert_eq!(server("shutdown_grace_ms = 100").shutdown_grace_ms, 100);
+    // Bounded where it becomes a deadline: no overflow at shutdown.
+    assert!(server_problem("shutdown_grace_ms = 9223372036854775807").contains("[0, 3600000]"));
 }
 
 fn server_lease_ttl() {
     assert_eq!(server("").lease_ttl_ms, 30_000);
     assert!(server_problem("lease_ttl_ms = 10").contains("lease_ttl_ms"));
+    // A third of the TTL must outlast a cancelled tool's 0.5 s grace.
+    assert!(server_problem("lease_ttl_ms = 1500").contains("[2000, 86400000]"));
 }
 
 fn server_cors_origins() {

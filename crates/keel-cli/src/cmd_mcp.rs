@@ -1,7 +1,13 @@
 //! `keel mcp list|serve`: the MCP servers declared in keel.toml, and Keel's own tools served
-//! over MCP stdio.
+//! over MCP stdio — under keel.toml's `[approvals]`, resolved as keel-app resolves them
+//! for a run ([`approval_gate`]): denied calls and calls that would need a human are
+//! refused.
 
-use keel_mcp::{McpManager, McpServerConfig};
+use std::sync::Arc;
+
+use keel_core::{ApprovalMode as ToolApproval, MemoryStore, ToolSpec};
+use keel_mcp::{ApprovalGate, KeelMcpServer, McpManager, McpServerConfig, ServedApproval};
+use keel_runtime::RunApprovalMode;
 
 use crate::CliError;
 
@@ -82,8 +88,26 @@ pub async fn serve(registry: keel_core::ToolRegistry, tools: &[String]) -> Resul
                 ))
             })?
     };
-    keel_mcp::serve_stdio(registry)
+    let server = KeelMcpServer::new(registry).with_approvals(approval_gate(crate::config::app()));
+    keel_mcp::serve_stdio_with(server)
         .await
         .map_err(|e| CliError::failure(format!("mcp serve: {e}")))?;
     Ok(0)
+}
+
+/// keel.toml's `[approvals]` for tools served over MCP: the run context keel-app builds
+/// for a run with no `--approve` flag and no agent says whether a call needs a decision
+/// and whether that decision is `deny` — the same resolution a run's calls get.
+pub fn approval_gate(app: &keel_app::App) -> ApprovalGate {
+    let context = app.run_context(Arc::new(MemoryStore::new()), None, None);
+    Arc::new(move |spec: &ToolSpec| {
+        let declared_always = spec.approval == ToolApproval::Always;
+        if !context.requires_approval(&spec.name, declared_always) {
+            ServedApproval::Run
+        } else if context.approval_mode_for(&spec.name) == RunApprovalMode::Deny {
+            ServedApproval::Deny
+        } else {
+            ServedApproval::Ask
+        }
+    })
 }

@@ -3,7 +3,9 @@
 //! `--allow-remote` says otherwise. Paused runs approved in the browser continue in this
 //! process, like `keel approve` (scripted runs with their script, at the step they
 //! reached); answers to the agent's questions continue or start runs here too, like `keel
-//! reply`. The eval pages show the runs `keel eval run` saved in the same store.
+//! reply`. The eval pages show the runs `keel eval run` saved in the same store. Requests
+//! whose `Host` is not a loopback name, the bound address, or keel.toml's `[server]
+//! public_url` / `allowed_hosts` get 421 (DNS rebinding).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -88,8 +90,12 @@ pub async fn run(args: UiArgs) -> Result<u8, CliError> {
     let local = listener
         .local_addr()
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.bind)))?;
+    // Only the loopback names, the address it listens on and keel.toml's `[server]
+    // public_url` / `allowed_hosts` reach the pages (DNS rebinding: see keel_ui::host).
+    let hosts = keel_ui::AllowedHosts::for_server(&config.server, &[local]);
+    let router = keel_ui::guard_hosts(keel_ui::router(ui), hosts);
     eprintln!("keel ui: serving http://{local}/ (Ctrl-C stops)");
-    keel_ui::serve(listener, keel_ui::router(ui), async {
+    keel_ui::serve(listener, router, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await

@@ -120,10 +120,16 @@ pub async fn submit(args: SubmitArgs) -> Result<u8, CliError> {
 
 /// Runs `keel worker`.
 pub async fn worker(args: WorkerArgs) -> Result<u8, CliError> {
-    if !(args.lease_ttl.is_finite() && args.lease_ttl >= 0.3 && args.lease_ttl <= 86_400.0) {
-        return Err(CliError::usage(
-            "--lease-ttl must be a number of seconds in [0.3, 86400]",
-        ));
+    let (min, max) = (
+        worker::MIN_LEASE_TTL.as_secs_f64(),
+        worker::MAX_LEASE_TTL.as_secs_f64(),
+    );
+    if !(args.lease_ttl.is_finite() && args.lease_ttl >= min && args.lease_ttl <= max) {
+        return Err(CliError::usage(format!(
+            "--lease-ttl must be a number of seconds in [{min}, {max}]: a third of the TTL must \
+             outlast the {} ms a cancelled tool is given to answer",
+            keel_runtime::TOOL_CANCEL_GRACE.as_millis()
+        )));
     }
     if args.concurrency == 0 {
         return Err(CliError::usage("--concurrency must be at least 1"));

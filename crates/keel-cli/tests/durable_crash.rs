@@ -410,15 +410,15 @@ fn crash_harness(target: &Target, root: &Path, seed: u64) {
     report(target, &tally, required, elapsed);
 
     // Kills between events (after one append, before the next) land in sub-millisecond
-    // windows and are counted but not required; the wide windows must be hit.
+    // windows and are counted but not required; the wide windows must be hit. A model call
+    // is not a durable point (docs/durability.md, "The durability rule"): a kill during one
+    // leaves the log at the point before it, so it is counted by that point's phase.
     let floor = (required / 10).max(1);
-    for phase in [MODEL_CALL, MUTATING_CALL] {
-        assert!(
-            tally.kills(phase) >= floor,
-            "[{label}] fewer than {floor} kills landed during a {phase}: {:?}",
-            tally.run_kills
-        );
-    }
+    assert!(
+        tally.kills(MUTATING_CALL) >= floor,
+        "[{label}] fewer than {floor} kills landed during a {MUTATING_CALL}: {:?}",
+        tally.run_kills
+    );
     assert!(
         tally.kills(MUTATING_CALL) + tally.kills(READ_ONLY_CALL) >= 2 * floor,
         "[{label}] too few kills landed inside tool calls: {:?}",
@@ -487,7 +487,7 @@ fn phase(events: &[Event]) -> &'static str {
     let in_flight: Vec<&str> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ToolCallStarted { call_id, name }
+            EventKind::ToolCallStarted { call_id, name, .. }
                 if !finished.contains(call_id.as_str()) =>
             {
                 Some(name.as_str())

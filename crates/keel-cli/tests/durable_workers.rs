@@ -53,7 +53,7 @@ fn worker(dir: &Path, store: &str, name: &str) -> Child {
             "--worker-id",
             name,
             "--lease-ttl",
-            "1.5",
+            "2",
             "--concurrency",
             "6",
             "--poll-ms",

@@ -115,6 +115,11 @@ pub struct AgentDefinition {
     /// the model what to do, and never runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_rules: Option<Vec<keel_core::CallRule>>,
+    /// When the runs' events reach the store: `effects` (default: only before an effect
+    /// outside the process depends on them) or `steps` (also before every model call, for
+    /// viewers in another process; one commit per step). docs/durability.md.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<keel_core::RunDurability>,
 }
 
 /// An agent's `kind`: what runs it, and so where its threads' conversations live.
@@ -438,6 +443,7 @@ impl AgentDefinition {
             max_handoffs: pick(&over.max_handoffs, &self.max_handoffs),
             agents_as_tools: pick(&over.agents_as_tools, &self.agents_as_tools),
             call_rules: pick(&over.call_rules, &self.call_rules),
+            durability: pick(&over.durability, &self.durability),
         }
     }
 
@@ -467,6 +473,7 @@ impl AgentDefinition {
             ("max_handoffs", self.max_handoffs.is_some()),
             ("agents_as_tools", self.agents_as_tools.is_some()),
             ("call_rules", self.call_rules.is_some()),
+            ("durability", self.durability.is_some()),
         ];
         flags
             .into_iter()

@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::schema::{BUILTIN_PROVIDERS, KeelConfig};
 
+/// An hour in milliseconds: the longest request timeout and shutdown grace.
+const HOUR_MS: u64 = 3_600_000;
+/// A day in milliseconds: the longest stream and lease.
+const DAY_MS: u64 = 86_400_000;
+
 /// The default address of `keel serve`.
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 
@@ -44,6 +49,16 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// `[agents.<name>]` names clients may run (empty: every agent of keel.toml).
     pub agents: Vec<String>,
+    /// The URL clients reach the server at (`https://agents.example`, no query): the A2A
+    /// cards' URLs, and a `Host` the server answers. Unset: `http://<bind address>`, which
+    /// only a loopback `bind` may use (see [`ServerConfig::serving_problems`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
+    /// More `Host` values the server (and `keel ui`) answers, over the loopback names, the
+    /// bind address and `public_url`'s host: `"name"` on any port, `"name:port"` on that
+    /// one, `"*"` any Host at all (turns off the DNS-rebinding check).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
     /// `[server.limits]`: every tenant's limits.
     pub limits: TenantLimits,
     /// `[server.tenants.<tenant>]`: one tenant's limits over `[server.limits]`, and its
@@ -63,6 +78,8 @@ impl Default for ServerConfig {
             lease_ttl_ms: 30_000,
             cors_origins: Vec::new(),
             agents: Vec::new(),
+            public_url: None,
+            allowed_hosts: Vec::new(),
             limits: TenantLimits::default(),
             tenants: BTreeMap::new(),
         }
@@ -246,7 +263,8 @@ impl ServerConfig {
         self.agents.is_empty() || self.agents.iter().any(|a| a == name)
     }
 
-    /// Every invalid value as (key path under `server`, message naming the fix).
+    /// Every invalid value as (key path under `server`, message naming the fix and, for a
+    /// number, its range).
     pub fn problems(&self) -> Vec<(Vec<String>, String)> {
         let mut out = Vec::new();
         let key = |parts: &[&str]| parts.iter().map(|p| (*p).to_string()).collect::<Vec<_>>();
@@ -260,16 +278,20 @@ impl ServerConfig {
                 ),
             ));
         }
-        for (name, value, min) in [
-            ("max_body_bytes", self.max_body_bytes as u64, 1024),
-            ("request_timeout_ms", self.request_timeout_ms, 100),
-            ("stream_timeout_ms", self.stream_timeout_ms, 1000),
-            ("lease_ttl_ms", self.lease_ttl_ms, 300),
+        // Each duration is bounded on both sides where it becomes one: a deadline never
+        // overflows, and the lease leaves a third of itself above the 0.5 s a cancelled tool
+        // is given to answer (keel_app::worker::MIN_LEASE_TTL).
+        for (name, value, min, max) in [
+            ("max_body_bytes", self.max_body_bytes as u64, 1024, 1 << 30),
+            ("request_timeout_ms", self.request_timeout_ms, 100, HOUR_MS),
+            ("stream_timeout_ms", self.stream_timeout_ms, 1000, DAY_MS),
+            ("shutdown_grace_ms", self.shutdown_grace_ms, 0, HOUR_MS),
+            ("lease_ttl_ms", self.lease_ttl_ms, 2000, DAY_MS),
         ] {
-            if value < min {
+            if value < min || value > max {
                 out.push((
                     key(&["server", name]),
-                    format!("`server.{name}` must be at least {min}, not {value}"),
+                    format!("`server.{name}` must be within [{min}, {max}], not {value}"),
                 ));
             }
         }
@@ -284,6 +306,29 @@ impl ServerConfig {
                     format!(
                         "`server.cors_origins[{index}]` = {origin:?} is not an origin: use \
                          scheme://host[:port] with no path, e.g. https://app.example, or \"*\""
+                    ),
+                ));
+            }
+        }
+        if let Some(url) = &self.public_url
+            && let Err(problem) = parse_public_url(url)
+        {
+            out.push((
+                key(&["server", "public_url"]),
+                format!(
+                    "`server.public_url` = {url:?} {problem}: use the URL clients reach the \
+                     server at, scheme://host[:port][/path], e.g. https://agents.example"
+                ),
+            ));
+        }
+        for host in &self.allowed_hosts {
+            if host != "*" && parse_host(host).is_none() {
+                out.push((
+                    key(&["server", "allowed_hosts"]),
+                    format!(
+                        "`server.allowed_hosts`: {host:?} is not a host name: write a `Host` \
+                         header value, `name` or `name:port` (no scheme, no path), e.g. \
+                         \"agents.example\", or \"*\" for any"
                     ),
                 ));
             }
@@ -304,6 +349,93 @@ impl ServerConfig {
         }
         out
     }
+}
+
+impl ServerConfig {
+    /// What keeps a server listening on `bound` from serving (`keel serve` checks it at
+    /// start-up; keel.toml itself may name any address): without `public_url`, only a
+    /// loopback address may serve, because the A2A cards' URLs would otherwise have to
+    /// come from requests' `Host` headers, which a client chooses.
+    pub fn serving_problems(&self, bound: SocketAddr) -> Vec<String> {
+        if self.public_url.is_none() && !bound.ip().is_loopback() {
+            return vec![format!(
+                "serving on {bound}, which is not a loopback address, needs `[server] \
+                 public_url` in keel.toml: the URL clients reach the server at (e.g. \
+                 public_url = \"https://agents.example\"), which the A2A cards name and the \
+                 Host check accepts"
+            )];
+        }
+        Vec::new()
+    }
+
+    /// The base URL the server names itself by (A2A cards): `public_url` without its
+    /// trailing `/`, else `http://<bound>`.
+    pub fn base_url(&self, bound: SocketAddr) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => format!("http://{bound}"),
+        }
+    }
+
+    /// `public_url`'s host and port (the scheme's default port when none is written), as
+    /// a `Host` header names them (lowercase; an IPv6 address in brackets).
+    pub fn public_host(&self) -> Option<(String, u16)> {
+        self.public_url
+            .as_deref()
+            .and_then(|url| parse_public_url(url).ok())
+    }
+}
+
+/// `scheme://host[:port][/path]` of `http` or `https`, without user info, query or
+/// fragment: its host (lowercase) and port.
+fn parse_public_url(url: &str) -> Result<(String, u16), &'static str> {
+    let (rest, default_port) = if let Some(rest) = url.strip_prefix("https://") {
+        (rest, 443)
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        (rest, 80)
+    } else {
+        return Err("does not start with http:// or https://");
+    };
+    if url.contains(['?', '#']) {
+        return Err("has a query or fragment");
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("has user info");
+    }
+    let (host, port) = parse_host(authority).ok_or("has no valid host[:port]")?;
+    Ok((host, port.unwrap_or(default_port)))
+}
+
+/// A `Host` header value (`name`, `name:port`, `1.2.3.4:port`, `[::1]:port`) as its host
+/// (lowercase) and port; `None` when it is not one.
+pub fn parse_host(value: &str) -> Option<(String, Option<u16>)> {
+    let value = value.trim();
+    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        inside.parse::<std::net::Ipv6Addr>().ok()?;
+        let port = match after {
+            "" => None,
+            other => Some(other.strip_prefix(':')?.parse::<u16>().ok()?),
+        };
+        (format!("[{inside}]"), port)
+    } else {
+        let (host, port) = match value.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port.parse::<u16>().ok()?)),
+            None => (value, None),
+        };
+        let label = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if host.is_empty() || host.len() > 253 || !host.split('.').all(label) {
+            return None;
+        }
+        (host.to_string(), port)
+    };
+    Some((host.to_ascii_lowercase(), port))
 }
 
 /// What is wrong with `[server.tenants.<tenant>.credentials] <name> = entry` on its own.
@@ -519,6 +651,49 @@ mod tests {
     }
 
     #[test]
+    fn public_url_and_allowed_hosts_are_checked_and_parsed() {
+        let config: ServerConfig = toml::from_str(
+            "public_url = \"https://Agents.Example/keel/\"\nallowed_hosts = [\"a.example\", \
+             \"b.example:8443\", \"[::1]:9\", \"*\"]\n",
+        )
+        .unwrap();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        assert_eq!(config.public_host(), Some(("agents.example".into(), 443)));
+        let bound: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(config.base_url(bound), "https://Agents.Example/keel");
+        assert!(config.serving_problems(bound).is_empty());
+        assert_eq!(
+            parse_host("B.example:8443"),
+            Some(("b.example".into(), Some(8443)))
+        );
+        assert_eq!(parse_host("[::1]"), Some(("[::1]".into(), None)));
+        for bad in ["", "a b", "x:y", "[zz]:1", "a/b", "http://a"] {
+            assert_eq!(parse_host(bad), None, "{bad}");
+        }
+
+        let config: ServerConfig = toml::from_str(
+            "public_url = \"agents.example\"\nallowed_hosts = [\"https://a.example/\"]\n",
+        )
+        .unwrap();
+        let keys: Vec<String> = config.problems().iter().map(|(k, _)| k.join(".")).collect();
+        assert_eq!(keys, ["server.public_url", "server.allowed_hosts"]);
+        for url in ["http://user@a.example", "https://a.example/?q", "https://"] {
+            let config = ServerConfig {
+                public_url: Some(url.into()),
+                ..ServerConfig::default()
+            };
+            assert_eq!(config.problems().len(), 1, "{url}");
+        }
+
+        let config = ServerConfig::default();
+        let local: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert!(config.serving_problems(local).is_empty());
+        assert_eq!(config.base_url(local), "http://127.0.0.1:4000");
+        let refused = config.serving_problems(bound);
+        assert!(refused[0].contains("[server] public_url"), "{refused:?}");
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let config = ServerConfig {
             bind: "localhost".into(),
@@ -538,5 +713,34 @@ mod tests {
                 "server.tenants.Acme"
             ]
         );
+    }
+
+    #[test]
+    fn durations_that_would_overflow_a_deadline_are_refused_with_their_range() {
+        let config = ServerConfig {
+            shutdown_grace_ms: u64::MAX,
+            stream_timeout_ms: u64::MAX,
+            request_timeout_ms: u64::MAX,
+            lease_ttl_ms: 1_500,
+            ..ServerConfig::default()
+        };
+        let problems = config.problems();
+        let messages: Vec<(String, String)> = problems
+            .iter()
+            .map(|(key, message)| (key.join("."), message.clone()))
+            .collect();
+        for (key, range) in [
+            ("server.request_timeout_ms", "[100, 3600000]"),
+            ("server.stream_timeout_ms", "[1000, 86400000]"),
+            ("server.shutdown_grace_ms", "[0, 3600000]"),
+            ("server.lease_ttl_ms", "[2000, 86400000]"),
+        ] {
+            assert!(
+                messages
+                    .iter()
+                    .any(|(k, message)| k == key && message.contains(range)),
+                "{key} {range}: {messages:?}"
+            );
+        }
     }
 }

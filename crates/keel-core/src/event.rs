@@ -14,6 +14,10 @@ use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::model::{ModelErrorKind, StopReason};
 use crate::tool::Effect;
 
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
 /// The version of the event schema written by this build. Readers accept older versions.
 pub const EVENT_SCHEMA_VERSION: u16 = 1;
 
@@ -168,12 +172,30 @@ pub enum EventKind {
         /// Whether it waits for human approval.
         requires_approval: bool,
     },
-    /// A tool call began executing.
+    /// A tool call began executing. For a call that is not read-only this event is on
+    /// stable storage before the call starts (docs/durability.md, "The durability rule"),
+    /// and what it records — effect, repeatability, idempotency key — governs a resume,
+    /// not the tool's spec at the time of the resume.
     ToolCallStarted {
         /// Call id.
         call_id: String,
         /// Tool name.
         name: String,
+        /// The tool's effect when the call started (absent in logs written before it was
+        /// recorded, and for unknown tools).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        effect: Option<Effect>,
+        /// Whether running the call again after an interruption was harmless when it
+        /// started: not mutating, or mutating behind an idempotency key the tool honours.
+        #[serde(default, skip_serializing_if = "is_false")]
+        repeatable: bool,
+        /// The idempotency key the call was given, fixed here for every attempt and every
+        /// resume (absent for read-only calls and in older logs: then `thread:call_id`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
+        /// For a fallback call the policy ran in place of a failed call: that call's id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fallback_for: Option<String>,
     },
     /// A tool call finished (success or typed error). Its result joins the conversation.
     ToolCallFinished {
@@ -354,6 +376,19 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// A `ToolCallStarted` with nothing recorded beyond the call's id and tool (as logs
+    /// written before effects and keys were recorded have it).
+    pub fn tool_call_started(call_id: impl Into<String>, name: impl Into<String>) -> Self {
+        Self::ToolCallStarted {
+            call_id: call_id.into(),
+            name: name.into(),
+            effect: None,
+            repeatable: false,
+            idempotency_key: None,
+            fallback_for: None,
+        }
+    }
+
     /// The `type` tag of this event.
     pub fn name(&self) -> &'static str {
         match self {

@@ -10,6 +10,7 @@ use crate::budget::{Budget, Spent};
 use crate::decide::EndState;
 use crate::event::{Event, EventKind, ModelFailure};
 use crate::message::{Message, Part, Role, ToolCall, ToolResult, Usage};
+use crate::tool::Effect;
 
 /// `Notice` code recording a structured-planner answer that was not a valid action.
 pub const INVALID_ACTION_NOTICE: &str = "invalid_action";
@@ -83,6 +84,37 @@ pub struct PendingCall {
     pub started: bool,
     /// Whether its result is in the conversation.
     pub finished: bool,
+    /// The tool's effect as recorded: at the request, then at the start (what governs a
+    /// resume). `None` for unknown tools and logs that predate recording it.
+    pub effect: Option<Effect>,
+    /// What the call's `ToolCallStarted` recorded about repeating it and its key (`None`
+    /// before it started, or when the log predates recording them).
+    pub start: Option<RecordedStart>,
+    /// The fallback call the policy started in place of this one, when it did.
+    pub fallback: Option<RecordedFallback>,
+}
+
+/// What a `ToolCallStarted` recorded about a call, fixed for every later attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedStart {
+    /// The effect the call started with.
+    pub effect: Effect,
+    /// Whether running it again after an interruption was harmless when it started.
+    pub repeatable: bool,
+    /// The idempotency key it was given.
+    pub idempotency_key: Option<String>,
+}
+
+/// A fallback call that started (its own `ToolCallStarted`, `fallback_for` naming the
+/// call it stands in for).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedFallback {
+    /// The fallback call's own id.
+    pub call_id: String,
+    /// The fallback tool.
+    pub name: String,
+    /// What its start recorded (`None` in a log that predates recording it).
+    pub start: Option<RecordedStart>,
 }
 
 impl PendingCall {
@@ -321,6 +353,9 @@ impl RunState {
                             approval_requested: false,
                             started: false,
                             finished: false,
+                            effect: None,
+                            start: None,
+                            fallback: None,
                         })
                         .collect();
                     let text = message.text();
@@ -338,15 +373,45 @@ impl RunState {
             EventKind::ToolCallRequested {
                 call,
                 requires_approval,
-                ..
+                effect,
             } => {
                 if let Some(pending) = self.pending_mut(&call.id) {
                     pending.requires_approval = *requires_approval;
+                    pending.effect = *effect;
                 }
             }
-            EventKind::ToolCallStarted { call_id, .. } => {
-                if let Some(pending) = self.pending_mut(call_id) {
-                    pending.started = true;
+            EventKind::ToolCallStarted {
+                call_id,
+                name,
+                effect,
+                repeatable,
+                idempotency_key,
+                fallback_for,
+            } => {
+                let start = effect.map(|effect| RecordedStart {
+                    effect,
+                    repeatable: *repeatable,
+                    idempotency_key: idempotency_key.clone(),
+                });
+                match fallback_for {
+                    Some(original) => {
+                        if let Some(pending) = self.pending_mut(original) {
+                            pending.fallback = Some(RecordedFallback {
+                                call_id: call_id.clone(),
+                                name: name.clone(),
+                                start,
+                            });
+                        }
+                    }
+                    None => {
+                        if let Some(pending) = self.pending_mut(call_id) {
+                            pending.started = true;
+                            if let Some(start) = start {
+                                pending.effect = Some(start.effect);
+                                pending.start = Some(start);
+                            }
+                        }
+                    }
                 }
             }
             EventKind::ApprovalGranted { call_id, .. } => {

@@ -182,6 +182,25 @@ pub enum AppendDurability {
     Sync,
 }
 
+/// When a run's events reach the store (docs/durability.md, "The durability rule").
+///
+/// Under both, every event is durable before any effect outside the process that depends
+/// on it: before a tool call that is not read-only starts (synchronously), before a
+/// sub-agent or a handoff starts, before the run pauses for a human, and before its
+/// outcome is returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunDurability {
+    /// Only what the rule requires: a model's answer and read-only tool results ride with
+    /// the next durable point, so a one-tool read-only conversation commits once. A crash
+    /// before that point asks the model again (cost, never an effect).
+    #[default]
+    Effects,
+    /// Also before every model call, so another process (a live viewer, `keel runs`)
+    /// sees each step as it happens, at one commit per step.
+    Steps,
+}
+
 /// An append-only, per-thread event log.
 #[async_trait]
 pub trait EventStore: Send + Sync {

@@ -201,10 +201,10 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
                 let calls: Vec<(ToolCall, Option<bool>)> =
                     calls.iter().map(|p| (p.call.clone(), p.approval)).collect();
                 for (call, approval) in &calls {
-                    sim.push(EventKind::ToolCallStarted {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                    });
+                    sim.push(EventKind::tool_call_started(
+                        call.id.clone(),
+                        call.name.clone(),
+                    ));
                     sim.push(result_for(call, *approval != Some(false)));
                     if noise.duplicate_result {
                         sim.push(result_for(call, true));

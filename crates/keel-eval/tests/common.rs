@@ -154,10 +154,7 @@ impl Log {
     }
 
     fn finish_call(&mut self, id: &str, name: &str, outcome: ToolOutcome) -> &mut Self {
-        self.push(EventKind::ToolCallStarted {
-            call_id: id.into(),
-            name: name.into(),
-        });
+        self.push(EventKind::tool_call_started(id, name));
         let content = outcome.render_for_model();
         self.push(EventKind::ToolCallFinished {
             result: std::sync::Arc::new(ToolResult {

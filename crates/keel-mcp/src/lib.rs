@@ -13,7 +13,8 @@
 //! as a whole), and has its stderr read in bounded lines; errors a server sends are capped
 //! before they reach the log or a prompt ([`convert::cap_tool_error`]). As a server it
 //! exposes a [`ToolRegistry`](keel_core::ToolRegistry) over MCP stdio ([`serve_stdio`]),
-//! refusing tools that need human approval and containing panics.
+//! refusing calls its [`ApprovalGate`] denies or that need human approval, and containing
+//! panics.
 //!
 //! It must not decide anything about runs: no retries beyond reconnecting, no approval
 //! prompts, no event log. Those belong to `keel-runtime`, which treats MCP tools exactly
@@ -34,4 +35,7 @@ pub use config::{
 };
 pub use manager::{McpManager, McpTool};
 pub use notice::{McpNotice, McpServerState, McpServerStatus};
-pub use server::{KeelMcpServer, ServeError, mcp_tool_for_spec, serve, serve_stdio};
+pub use server::{
+    ApprovalGate, KeelMcpServer, ServeError, ServedApproval, mcp_tool_for_spec, serve, serve_stdio,
+    serve_stdio_with,
+};

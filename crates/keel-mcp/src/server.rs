@@ -8,11 +8,15 @@
 //! itself) carrying Keel's error object as `structuredContent`; an unknown tool name is a
 //! JSON-RPC `-32602` error.
 //!
-//! There is no human to ask here, so a tool whose spec requires approval is refused with
-//! an error result saying so, and a tool that panics answers `tool_bug` instead of taking
-//! the request down. Each served connection is a session with its own id, and a call's
-//! idempotency key is `mcp:<session id>:<JSON-RPC request id>`, unique across sessions
-//! (clients restart their request ids at 0).
+//! There is no human to ask here. Which calls need a decision is the served tools'
+//! [`ApprovalGate`] (`keel mcp serve`: keel.toml `[approvals]`, resolved as for a run;
+//! by default the specs' `approval = always`): a call it denies is refused with
+//! `forbidden`, and a call that would need a human's approval is refused with `forbidden`
+//! saying no approver is configured for an MCP-served tool — nothing runs either way. A
+//! tool that panics answers `tool_bug` instead of taking the request down. Each served
+//! connection is a session with its own id, and a call's idempotency key is
+//! `mcp:<session id>:<JSON-RPC request id>`, unique across sessions (clients restart
+//! their request ids at 0).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -47,11 +51,38 @@ pub enum ServeError {
     Task(String),
 }
 
+/// What may happen to a call of a served tool, decided before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedApproval {
+    /// It runs.
+    Run,
+    /// It needs a human's approval first, which nobody can give over MCP: refused.
+    Ask,
+    /// Approvals deny it: refused.
+    Deny,
+}
+
+/// Decides, from a tool's spec, what happens to its calls over MCP (see
+/// [`KeelMcpServer::with_approvals`]).
+pub type ApprovalGate = Arc<dyn Fn(&ToolSpec) -> ServedApproval + Send + Sync>;
+
+/// The gate without configuration: a tool declared `approval = always` needs a human.
+fn declared_approvals() -> ApprovalGate {
+    Arc::new(|spec: &ToolSpec| {
+        if spec.approval == ApprovalMode::Always {
+            ServedApproval::Ask
+        } else {
+            ServedApproval::Run
+        }
+    })
+}
+
 /// An MCP server exposing the tools of a registry. [`serve`] gives every connection it
 /// serves a new session id.
 #[derive(Clone)]
 pub struct KeelMcpServer {
     registry: ToolRegistry,
+    approvals: ApprovalGate,
     validators: Arc<std::collections::BTreeMap<String, Result<jsonschema::Validator, String>>>,
     /// Part of every idempotency key; new per served connection.
     session: String,
@@ -79,10 +110,41 @@ impl KeelMcpServer {
             .collect();
         Self {
             registry,
+            approvals: declared_approvals(),
             validators: Arc::new(validators),
             session: new_session_id(),
             max_protocol_version: None,
         }
+    }
+
+    /// Decides with `gate` which calls run, need approval (refused) or are denied
+    /// (refused), instead of the specs' `approval = always` alone. `keel mcp serve` passes
+    /// keel.toml's `[approvals]`, resolved as keel-app resolves them for a run.
+    pub fn with_approvals(mut self, gate: ApprovalGate) -> Self {
+        self.approvals = gate;
+        self
+    }
+
+    /// The MCP `Tool` for `spec` as this server offers it (saying when calls are refused).
+    fn tool_for(&self, spec: &ToolSpec) -> Tool {
+        let mut tool = mcp_tool_for_spec(spec);
+        let gate = (self.approvals)(spec);
+        let note = match gate {
+            ServedApproval::Run => None,
+            ServedApproval::Ask if spec.approval == ApprovalMode::Always => None,
+            ServedApproval::Ask => {
+                Some("Needs human approval before each call; calls over MCP are refused.")
+            }
+            ServedApproval::Deny => {
+                Some("Denied by this server's approval settings; calls over MCP are refused.")
+            }
+        };
+        if let Some(note) = note
+            && let Some(description) = &mut tool.description
+        {
+            *description = format!("{description}\n\n{note}").into();
+        }
+        tool
     }
 
     /// The idempotency key of the call with JSON-RPC id `request_id` in this session.
@@ -210,7 +272,7 @@ impl ServerHandler for KeelMcpServer {
             .iter()
             .skip(start)
             .take(PAGE_SIZE)
-            .map(|spec| mcp_tool_for_spec(spec))
+            .map(|spec| self.tool_for(spec))
             .collect();
         let end = start + page.len();
         Ok(ListToolsResult {
@@ -233,8 +295,12 @@ impl ServerHandler for KeelMcpServer {
             ));
         };
         let spec = tool.spec();
-        if spec.approval == ApprovalMode::Always {
-            return Ok(error_result(&approval_required_error(&name)).into());
+        match (self.approvals)(spec) {
+            ServedApproval::Run => {}
+            ServedApproval::Ask => {
+                return Ok(error_result(&approval_required_error(spec)).into());
+            }
+            ServedApproval::Deny => return Ok(error_result(&denied_error(&name)).into()),
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
         match self.validators.get(&name) {
@@ -305,17 +371,36 @@ impl ServerHandler for KeelMcpServer {
     }
 }
 
-fn approval_required_error(name: &str) -> ToolError {
+fn approval_required_error(spec: &ToolSpec) -> ToolError {
+    let name = &spec.name;
+    let (why, approval) = if spec.approval == ApprovalMode::Always {
+        ("its approval mode is `always`", "always")
+    } else {
+        ("keel.toml `[approvals]` sets it to `ask`", "ask")
+    };
     ToolError::new(
         ToolErrorCode::Forbidden,
         format!(
-            "`{name}` needs a human's approval before each call (its approval mode is \
-             `always`), and `keel mcp serve` cannot ask one, so the call was refused and \
-             nothing was done. Run it from an agent that can ask for approval (`keel run`, \
-             `keel chat`), or serve only tools without approval (`keel mcp serve --tool NAME`)."
+            "`{name}` needs a human's approval before each call ({why}), and no approver is \
+             configured for an MCP-served tool: `keel mcp serve` cannot ask anyone, so the \
+             call was refused and nothing was done. Run it from an agent that can ask for \
+             approval (`keel run`, `keel chat`), or serve only tools without approval \
+             (`keel mcp serve --tool NAME`)."
         ),
     )
-    .with_details(json!({ "approval": "always", "reason": "approval_required" }))
+    .with_details(json!({ "approval": approval, "reason": "approval_required" }))
+}
+
+fn denied_error(name: &str) -> ToolError {
+    ToolError::new(
+        ToolErrorCode::Forbidden,
+        format!(
+            "calls of `{name}` are denied by keel.toml `[approvals]` (`[approvals.tools] \
+             {name} = \"deny\"`, or `[approvals] mode = \"deny\"` for a tool that needs \
+             approval), so the call was refused and nothing was done"
+        ),
+    )
+    .with_details(json!({ "approval": "deny", "reason": "denied" }))
 }
 
 fn panic_error(name: &str, panic: &(dyn std::any::Any + Send)) -> ToolError {
@@ -355,8 +440,14 @@ where
 }
 
 /// Serves the tools of `registry` as an MCP server on this process's stdin/stdout until
-/// the client closes the connection (`keel mcp serve`). Nothing else may write to stdout
-/// meanwhile; log to stderr.
+/// the client closes the connection. Nothing else may write to stdout meanwhile; log to
+/// stderr.
 pub async fn serve_stdio(registry: ToolRegistry) -> Result<(), ServeError> {
-    serve(KeelMcpServer::new(registry), rmcp::transport::stdio()).await
+    serve_stdio_with(KeelMcpServer::new(registry)).await
+}
+
+/// [`serve_stdio`] of a configured server (`keel mcp serve`: with keel.toml's approvals,
+/// [`KeelMcpServer::with_approvals`]).
+pub async fn serve_stdio_with(server: KeelMcpServer) -> Result<(), ServeError> {
+    serve(server, rmcp::transport::stdio()).await
 }

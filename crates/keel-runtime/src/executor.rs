@@ -27,8 +27,9 @@ use tokio::sync::RwLock;
 /// The longest server-suggested wait the executor honours before a retry.
 const MAX_RETRY_AFTER_MS: u64 = 60_000;
 
-/// How long a cancelled tool may take to return its own answer before it is abandoned.
-const CANCEL_GRACE: Duration = Duration::from_millis(500);
+/// How long a cancelled tool may take to return its own answer before it is abandoned
+/// (a worker's lease must outlast it: see `keel_app::worker`).
+pub const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
 /// Where a call runs.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +54,9 @@ pub struct CallExtras {
     pub trace_id: String,
     /// Call id → the span id of the call's events.
     pub spans: HashMap<String, String>,
+    /// Call id → the idempotency key the call's start recorded (a call not named here
+    /// gets `thread_id:call_id`).
+    pub keys: HashMap<String, String>,
     /// Lent as [`ToolContext::runtime`].
     pub runtime: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// The run's credential source ([`crate::RunContext::credentials`]), used over the
@@ -65,6 +69,7 @@ impl std::fmt::Debug for CallExtras {
         f.debug_struct("CallExtras")
             .field("trace_id", &self.trace_id)
             .field("spans", &self.spans)
+            .field("keys", &self.keys)
             .field("runtime", &self.runtime.is_some())
             .field("credentials", &self.credentials.is_some())
             .finish()
@@ -325,6 +330,9 @@ impl ToolExecutor {
             ctx.trace_id.clone_from(&extras.trace_id);
             if let Some(span) = extras.spans.get(&call.id) {
                 ctx.span_id.clone_from(span);
+            }
+            if let Some(key) = extras.keys.get(&call.id) {
+                ctx.idempotency_key.clone_from(key);
             }
             ctx.runtime.clone_from(&extras.runtime);
             if let Some(credentials) = &extras.credentials {

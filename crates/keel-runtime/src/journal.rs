@@ -1,23 +1,27 @@
 //! The journal: the only way a run writes its log. It stamps events (seq, time, ids),
-//! persists each batch to the store BEFORE anyone acts on it, folds it into the thread's
-//! state, then tells the observers.
+//! folds them into the thread's state, persists them to the store, then tells the
+//! observers.
 //!
-//! Staging: when the runner knows that nothing leaves the process between two batches
-//! (a model's answer is folded, `decide` runs, and the very next thing is the append of
-//! the tool calls' starts), it [`Journal::stage`]s the first batch: the events are
-//! stamped and folded at once, so `decide` sees them, but they reach the store together
-//! with the next append, in the same transaction, and observers hear of them only then.
-//! The same goes for the starts and results of tool calls that may run again harmlessly
-//! (not `mutating`): running such a call again after a crash has no effect outside the
-//! process, so their starts need not be durable before they run (a call still running
-//! after a few milliseconds has its start written while it runs, for observers).
-//! Every action with an effect outside the process (a model call, a mutating tool call,
-//! asking a human, returning to the caller) is preceded by an append or an explicit
-//! [`Journal::flush`], so the rule above still holds: each event is durable before
-//! anything outside the process acts on it. What staging saves is most commits of a step:
-//! a step that calls read-only tools commits once, with its next model request. If the
-//! append carrying staged events fails, the thread's folded state is ahead of its log:
-//! it is marked diverged and the next run or resume reloads it from the store.
+//! # The durability rule
+//!
+//! **An event is durable before any effect outside the process that depends on it**
+//! (docs/durability.md). Concretely, the runner appends — carrying everything staged
+//! before it in the same transaction — before a tool call that is not read-only starts
+//! (synchronously: the model's answer with the call's id, and the call's start with its
+//! effect and idempotency key, are on stable storage first), before a sub-agent or a
+//! handoff starts, before the run pauses for a human, and before its outcome is returned.
+//! Nothing else needs to be durable first: a model's request and answer and read-only
+//! tool calls are [`Journal::stage`]d — stamped and folded at once, so `decide` sees them,
+//! written with the next durable point. A crash before that point loses only work that
+//! is done again on resume: the model is asked again (cost, never an effect) and read-only
+//! calls run again. So a one-tool read-only conversation commits once, when it returns.
+//! A staged run still writes before its [`MAX_STAGED_MODEL_CALLS`]th model call, which
+//! bounds what a crash costs; `RunDurability::Steps` (per agent) also writes before every
+//! model call, for viewers in another process that watch each step as it happens.
+//! Observers hear of staged events when they are written.
+//!
+//! If the append carrying staged events fails, the thread's folded state is ahead of its
+//! log: it is marked diverged and the next run or resume reloads it from the store.
 
 use std::sync::Arc;
 
@@ -43,7 +47,13 @@ pub(crate) struct Journal<'a> {
     /// How many of the run's latest events are staged: stamped, folded and kept with the
     /// run's events, not yet in the store (see [`Journal::stage`]).
     staged: usize,
+    /// How many model requests are among the staged events.
+    staged_model_calls: u32,
 }
+
+/// The most model calls a run makes with their requests staged: before the next, what is
+/// staged is written, so a crash asks the model again for at most this many answers.
+pub(crate) const MAX_STAGED_MODEL_CALLS: u32 = 8;
 
 impl<'a> Journal<'a> {
     /// A journal for a new run: in a new trace, or — when the context names a parent span
@@ -64,6 +74,7 @@ impl<'a> Journal<'a> {
             run_span: new_span_id(),
             parent_span,
             staged: 0,
+            staged_model_calls: 0,
         }
     }
 
@@ -82,6 +93,7 @@ impl<'a> Journal<'a> {
             run_span,
             parent_span: None,
             staged: 0,
+            staged_model_calls: 0,
         }
     }
 
@@ -158,11 +170,13 @@ impl<'a> Journal<'a> {
             if self.staged > 0 {
                 // The state already folded the staged events: it is ahead of the log.
                 self.staged = 0;
+                self.staged_model_calls = 0;
                 self.thread.mark_diverged();
             }
             return Err(error.into());
         }
         self.staged = 0;
+        self.staged_model_calls = 0;
         let (state, run_events) = self.thread.parts_mut();
         let fold_from = run_events.len().saturating_sub(fresh_len);
         for (index, event) in run_events.iter().enumerate().skip(start) {
@@ -180,6 +194,13 @@ impl<'a> Journal<'a> {
     /// [`Journal::flush`]). Only for batches after which the caller does nothing outside
     /// the process before its next append: see the module's documentation.
     pub(crate) fn stage(&mut self, items: Vec<(EventKind, String)>) {
+        let requests = items
+            .iter()
+            .filter(|(kind, _)| matches!(kind, EventKind::ModelRequested { .. }))
+            .count();
+        self.staged_model_calls = self
+            .staged_model_calls
+            .saturating_add(u32::try_from(requests).unwrap_or(u32::MAX));
         let events = self.stamp(items);
         self.staged = self.staged.saturating_add(events.len());
         let (state, run_events) = self.thread.parts_mut();
@@ -187,6 +208,11 @@ impl<'a> Journal<'a> {
             state.apply(event);
         }
         run_events.extend(events.into_iter().map(Arc::new));
+    }
+
+    /// How many model requests are staged, waiting for the next append.
+    pub(crate) fn staged_model_calls(&self) -> u32 {
+        self.staged_model_calls
     }
 
     /// Whether events are staged, waiting for the next append.

@@ -34,7 +34,7 @@ pub use context::{
     RunContext, RunObserver, SpanParent, UserInputSource,
 };
 pub use custom::RunRecorder;
-pub use executor::ToolExecutor;
+pub use executor::{CANCEL_GRACE as TOOL_CANCEL_GRACE, ToolExecutor};
 pub use handoff::{HandoffGroup, HandoffTarget};
 pub use outcome::{Clarification, RunError, RunOutcome, RunStatus, ToolCallSummary};
 pub use thread::{Thread, ThreadHome};

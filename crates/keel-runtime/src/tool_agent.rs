@@ -58,6 +58,7 @@ pub struct ToolAgent {
     pub(crate) handoffs: Vec<crate::handoff::HandoffTarget>,
     /// Handoffs allowed in one chain (one user request) before a transfer is refused.
     pub(crate) max_handoffs: u32,
+    pub(crate) durability: keel_core::RunDurability,
 }
 
 impl std::fmt::Debug for ToolAgent {
@@ -125,7 +126,13 @@ impl ToolAgent {
             max_parallel_tool_calls: crate::executor::DEFAULT_MAX_PARALLEL_CALLS,
             handoffs: Vec::new(),
             max_handoffs: crate::handoff::DEFAULT_MAX_HANDOFFS,
+            durability: keel_core::RunDurability::default(),
         }
+    }
+
+    /// When this agent's runs write their events to the store.
+    pub fn durability(&self) -> keel_core::RunDurability {
+        self.durability
     }
 
     /// What every run of this agent records in its `RunStarted` event: the recipe the
@@ -244,6 +251,7 @@ pub struct ToolAgentBuilder {
     max_parallel_tool_calls: usize,
     handoffs: Vec<crate::handoff::HandoffTarget>,
     max_handoffs: u32,
+    durability: keel_core::RunDurability,
 }
 
 impl ToolAgentBuilder {
@@ -262,6 +270,14 @@ impl ToolAgentBuilder {
     /// model is told to answer itself.
     pub fn max_handoffs(mut self, handoffs: u32) -> Self {
         self.max_handoffs = handoffs;
+        self
+    }
+
+    /// When the run's events reach the store (default
+    /// [`keel_core::RunDurability::Effects`]: only before effects that depend on them;
+    /// `Steps` also before every model call, for viewers in another process).
+    pub fn durability(mut self, durability: keel_core::RunDurability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -558,6 +574,7 @@ impl ToolAgentBuilder {
             fixed_tokens: crate::compaction::FixedTokens::default(),
             handoffs: self.handoffs,
             max_handoffs: self.max_handoffs,
+            durability: self.durability,
         }
     }
 }

@@ -127,6 +127,7 @@ fn tool_context(store: Arc<MemoryStore>, thread: &str, call: &str) -> ToolContex
     let extras = CallExtras {
         trace_id: "0123456789abcdef0123456789abcdef".into(),
         spans: Default::default(),
+        keys: Default::default(),
         runtime: Some(lent),
         credentials: None,
     };

@@ -7,6 +7,7 @@ mod agent_run;
 mod call_rules;
 mod compose;
 mod context_window;
+mod exactly_once;
 mod executor;
 mod journal_batches;
 mod planner_critic;

@@ -1,11 +1,12 @@
-//! The journal's commits: events after which nothing leaves the process are staged and
-//! reach the store with the next append, so a one-tool run commits 3 batches instead of
-//! 8 — and still every event is stored before anything outside the process acts on it
-//! (checked by a model and a tool that look into the store when they are called): a
-//! mutating call's start is stored (synchronously) before it runs; a read-only call's is
-//! not needed, and is written while it runs only when it runs for a while. An append
-//! that fails while events are staged leaves the thread "diverged"; the next run reloads
-//! it.
+//! The journal's commits under the durability rule (an event is durable before any
+//! effect outside the process that depends on it): a one-tool read-only run commits once,
+//! when it returns; a mutating or idempotent call's start (with the model's answer before
+//! it) is stored synchronously before the call runs, so such a run commits twice; a run
+//! that pauses for approval commits once, at the pause; `RunDurability::Steps` commits
+//! before every model call as well. A model and a tool that look into the store when they
+//! are called check the "before". A read-only call's start is written while it runs only
+//! when it runs for a while. An append that fails while events are staged leaves the
+//! thread "diverged"; the next run reloads it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -179,6 +180,30 @@ fn probe_agent_with(
     )
 }
 
+fn probe_agent_builder(
+    store: &Arc<RecordingStore>,
+    thread_id: &str,
+    effect: Effect,
+    model: Arc<ScriptedModel>,
+) -> keel_runtime::ToolAgentBuilder {
+    let probe = Probe {
+        spec: ToolSpec::new(
+            "probe",
+            "Looks into the store.",
+            "Records what the store holds.\n\nRules:\n- test only",
+        )
+        .with_effect(effect),
+        store: store.clone(),
+        thread_id: thread_id.to_string(),
+        seen_requested: Arc::new(AtomicBool::new(false)),
+        calls: Arc::new(AtomicUsize::new(0)),
+        wait_for_start: false,
+    };
+    let mut tools = ToolRegistry::new();
+    tools.register(Arc::new(probe)).unwrap();
+    ToolAgent::builder("test", model).tools(tools)
+}
+
 fn one_tool_script() -> Arc<ScriptedModel> {
     Arc::new(ScriptedModel::new(vec![
         ScriptStep::tool_call("probe", json!({})),
@@ -196,10 +221,27 @@ fn batch_kinds(store: &RecordingStore) -> Vec<Vec<String>> {
         .collect()
 }
 
+const WHOLE_RUN: [&str; 10] = [
+    "run_started",
+    "user_message",
+    "model_requested",
+    "model_responded",
+    "tool_call_requested",
+    "tool_call_started",
+    "tool_call_finished",
+    "model_requested",
+    "model_responded",
+    "run_ended",
+];
+
+fn kinds(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
 // Paused time: the staged start's flush timer can only fire when every task is idle, so
 // a tool that finishes at once always finishes first, however loaded the machine.
 #[tokio::test(start_paused = true)]
-async fn a_one_tool_run_commits_three_batches_each_before_its_action() {
+async fn a_one_tool_read_only_run_commits_once_when_it_returns() {
     let store = Arc::new(RecordingStore::default());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
@@ -217,18 +259,8 @@ async fn a_one_tool_run_commits_three_batches_each_before_its_action() {
     );
     assert_eq!(
         batch_kinds(&store),
-        vec![
-            vec!["run_started", "user_message", "model_requested"],
-            vec![
-                "model_responded",
-                "tool_call_requested",
-                "tool_call_started",
-                "tool_call_finished",
-                "model_requested"
-            ],
-            vec!["model_responded", "run_ended"],
-        ],
-        "unexpected commits"
+        vec![kinds(&WHOLE_RUN)],
+        "one commit, before the outcome is returned"
     );
     // The log is the same as an unbatched run's: contiguous and complete.
     let events = store.load(thread.id()).await.unwrap();
@@ -236,6 +268,35 @@ async fn a_one_tool_run_commits_three_batches_each_before_its_action() {
         assert_eq!(event.seq, i as u64);
     }
     assert_eq!(thread.state().next_seq(), events.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn steps_durability_commits_before_every_model_call() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let agent = probe_agent_builder(&store, thread.id(), Effect::ReadOnly, one_tool_script())
+        .durability(keel_core::RunDurability::Steps)
+        .build();
+    agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(
+        batch_kinds(&store),
+        vec![
+            kinds(&["run_started", "user_message", "model_requested"]),
+            kinds(&[
+                "model_responded",
+                "tool_call_requested",
+                "tool_call_started",
+                "tool_call_finished",
+                "model_requested"
+            ]),
+            kinds(&["model_responded", "run_ended"]),
+        ],
+        "unexpected commits"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -258,47 +319,101 @@ async fn a_read_only_call_that_keeps_running_has_its_start_written_while_it_runs
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(
         batch_kinds(&store),
-        vec![
-            vec!["run_started", "user_message", "model_requested"],
-            vec![
-                "model_responded",
-                "tool_call_requested",
-                "tool_call_started"
-            ],
-            vec!["tool_call_finished", "model_requested"],
-            vec!["model_responded", "run_ended"],
-        ],
+        vec![kinds(&WHOLE_RUN[..6]), kinds(&WHOLE_RUN[6..]),],
         "the start is written while the call runs, at the store's default durability"
     );
-    let start = store.batches.lock().unwrap()[1].1;
+    let start = store.batches.lock().unwrap()[0].1;
     assert_eq!(start, AppendDurability::Default);
 }
 
-#[tokio::test]
-async fn a_mutating_result_is_committed_on_its_own_and_its_start_is_synchronous() {
+/// A call that is not read-only starts only once its start and the model's answer are
+/// stored, synchronously; its result rides with the run's end: two commits.
+async fn commits_twice_with_a_synchronous_start(effect: Effect) {
     let store = Arc::new(RecordingStore::default());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
-    let (agent, seen, _) = probe_agent(&store, thread.id(), Effect::Mutating, one_tool_script());
+    let (agent, seen, _) = probe_agent(&store, thread.id(), effect, one_tool_script());
     agent
         .run(vec![Message::user("go")], &mut thread, &ctx)
         .await
         .unwrap();
-    assert!(seen.load(Ordering::SeqCst));
+    assert!(
+        seen.load(Ordering::SeqCst),
+        "{effect:?}: the call ran before its start was stored"
+    );
     let batches = store.batches.lock().unwrap().clone();
-    let start = batches
-        .iter()
-        .find(|(kinds, _)| kinds.contains(&"tool_call_started".to_string()))
-        .unwrap();
-    assert_eq!(start.1, AppendDurability::Sync);
-    let finished = batches
-        .iter()
-        .find(|(kinds, _)| kinds.contains(&"tool_call_finished".to_string()))
-        .unwrap();
     assert_eq!(
-        finished.0,
-        vec!["tool_call_finished".to_string()],
-        "a mutating call's result waits for nothing"
+        batches,
+        vec![
+            (kinds(&WHOLE_RUN[..6]), AppendDurability::Sync),
+            (kinds(&WHOLE_RUN[6..]), AppendDurability::Default),
+        ],
+        "{effect:?}"
+    );
+    let events = store.load(thread.id()).await.unwrap();
+    let start = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::ToolCallStarted {
+                effect: recorded,
+                idempotency_key,
+                ..
+            } => Some((*recorded, idempotency_key.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(start.0, Some(effect), "the start records the effect");
+    assert!(
+        start
+            .1
+            .as_deref()
+            .is_some_and(|key| key.starts_with(thread.id())),
+        "the start records the idempotency key: {:?}",
+        start.1
+    );
+}
+
+#[tokio::test]
+async fn a_one_tool_mutating_run_commits_twice_its_start_synchronously() {
+    commits_twice_with_a_synchronous_start(Effect::Mutating).await;
+}
+
+#[tokio::test]
+async fn a_one_tool_idempotent_run_commits_twice_its_start_synchronously() {
+    commits_twice_with_a_synchronous_start(Effect::Idempotent).await;
+}
+
+#[tokio::test]
+async fn a_run_paused_for_approval_commits_once_at_the_pause() {
+    let store = Arc::new(RecordingStore::default());
+    let ctx = RunContext::new(store.clone());
+    let mut thread = Thread::new();
+    let (agent, _, calls) = probe_agent(&store, thread.id(), Effect::Mutating, one_tool_script());
+    let ctx = ctx.with_approval_mode(keel_runtime::RunApprovalMode::Ask);
+    let outcome = agent
+        .run(vec![Message::user("go")], &mut thread, &ctx)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome.status,
+            keel_runtime::RunStatus::AwaitingApproval { .. }
+        ),
+        "{:?}",
+        outcome.status
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        batch_kinds(&store),
+        vec![kinds(&[
+            "run_started",
+            "user_message",
+            "model_requested",
+            "model_responded",
+            "tool_call_requested",
+            "approval_requested"
+        ])],
+        "one commit, at the pause"
     );
 }
 
@@ -307,8 +422,15 @@ async fn a_failed_append_with_staged_events_reloads_the_thread_before_the_next_r
     let store = Arc::new(RecordingStore::default());
     let ctx = RunContext::new(store.clone());
     let mut thread = Thread::new();
-    let (agent, _, calls) = probe_agent(&store, thread.id(), Effect::ReadOnly, one_tool_script());
-    // The first append carries the staged RunStarted + UserMessage: make it fail.
+    // Two runs' answers: the first run asks the model before its only append fails.
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptStep::tool_call("probe", json!({})),
+        ScriptStep::text("done"),
+        ScriptStep::tool_call("probe", json!({})),
+        ScriptStep::text("done"),
+    ]));
+    let (agent, _, calls) = probe_agent(&store, thread.id(), Effect::ReadOnly, model);
+    // The first append carries the whole staged run (it read only): make it fail.
     store.fail_next.store(true, Ordering::SeqCst);
     let failed = agent
         .run(vec![Message::user("go")], &mut thread, &ctx)
@@ -317,7 +439,7 @@ async fn a_failed_append_with_staged_events_reloads_the_thread_before_the_next_r
         matches!(failed, Err(RunError::Store(StoreError::Backend(_)))),
         "{failed:?}"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing ran");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the read-only call ran");
     assert!(store.load(thread.id()).await.unwrap().is_empty());
     // The in-memory thread folded events the store never got; the next run must not
     // build on them (it would append at a seq the store does not have).

@@ -45,7 +45,6 @@ use keel_core::{EndState, Event, EventKind};
 use keel_runtime::{RunContext, RunStatus, Thread};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
-use tokio::time::Instant;
 
 use crate::api::chat::{check_agent, check_run_limits, track};
 use crate::api::runs::{continue_on_worker, human_error, request_cancel};
@@ -65,12 +64,14 @@ const QUEUED_MEMORY: usize = 1024;
 
 /// The A2A routes of `keel serve`: `/.well-known/agent-card.json`,
 /// `/a2a/{agent}/.well-known/agent-card.json` (public) and `POST /a2a/{agent}` (keyed).
-pub fn routes(state: &AppState) -> Router<AppState> {
+/// The cards name `base_url` (`[server] public_url`, else the address served), never a
+/// request's `Host`.
+pub fn routes(state: &AppState, base_url: &str) -> Router<AppState> {
     let backend = Arc::new(Backend(Arc::new(KeelA2a {
         state: state.clone(),
         queued: Mutex::new(Vec::new()),
     })));
-    let mut builder = keel_a2a::router(backend)
+    let mut builder = keel_a2a::router(backend, base_url)
         .blocking_timeout(state.request_timeout())
         .security_schemes(json!({
             "bearer": {
@@ -532,7 +533,7 @@ impl KeelA2a {
         tx: mpsc::Sender<TaskEvent>,
     ) {
         let state = &self.state;
-        let deadline = Instant::now() + state.stream_timeout();
+        let deadline = crate::state::deadline_after(state.stream_timeout());
         loop {
             if let Some(events) = load(state, &task.store_id).await
                 && let Ok(now) = self.snapshot_of(&task, &events)
@@ -808,7 +809,7 @@ impl KeelA2a {
         until: impl Fn(&[Event]) -> bool,
     ) -> Option<Vec<Event>> {
         let state = &self.state;
-        let deadline = Instant::now() + state.request_timeout();
+        let deadline = crate::state::deadline_after(state.request_timeout());
         let mut hub = state.hub.subscribe();
         loop {
             if let Some(events) = load(state, &task.store_id).await

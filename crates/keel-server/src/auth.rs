@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -72,16 +72,33 @@ pub async fn require_key(
     next.run(request).await
 }
 
-/// Counts every request by route template, method and status (for `/metrics`).
+/// Counts every request by route template, method and status (for `/metrics`). Every
+/// label comes from a closed set, so no request — keyed or not — adds a series of its
+/// own: the route is the template the router matched (`unmatched` for any other path),
+/// the method one of [`method_label`]'s.
 pub async fn count(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let response = next.run(request).await;
     state
         .metrics
-        .request(&route, &method, response.status().as_u16());
+        .request(&route, method, response.status().as_u16());
     response
+}
+
+/// The metrics label of `method`: the standard ones by name, any other `other`.
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }

@@ -16,7 +16,6 @@ use futures::Stream;
 use keel_core::{Event, EventKind};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
-use tokio::time::Instant;
 
 use crate::hub::{HubMessage, ThreadSubscription};
 use crate::jobs::submission_of;
@@ -248,7 +247,7 @@ async fn pump(
     mut hub: ThreadSubscription,
     tx: &mpsc::Sender<SseEvent>,
 ) {
-    let deadline = Instant::now() + state.stream_timeout();
+    let deadline = crate::state::deadline_after(state.stream_timeout());
     let mut cursor = Cursor {
         next: follow.from_seq,
         follow,
@@ -316,7 +315,7 @@ pub async fn wait_settled(
     submission: &str,
     timeout: Duration,
 ) -> Settled {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::state::deadline_after(timeout);
     let mut hub = state.hub.subscribe_thread(store_id);
     let mut own_run: Option<String> = None;
     loop {

@@ -1,5 +1,5 @@
-//! [`Server`]: the router (auth, limits, body size, timeouts, CORS when configured,
-//! metrics), the embedded workers, and the graceful shutdown: on the signal the server
+//! [`Server`]: the router (the Host check, auth, limits, body size, timeouts, CORS when
+//! configured, metrics), the embedded workers, and the graceful shutdown: on the signal the server
 //! stops accepting runs and connections, streams end (clients reconnect elsewhere with
 //! `Last-Event-ID`), workers lease nothing more and runs in progress get
 //! `[server] shutdown_grace_ms` to finish; runs still going then are interrupted (they
@@ -7,6 +7,7 @@
 //! so another worker continues them from the log.
 
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -86,6 +87,10 @@ impl Server {
         config: ServerConfig,
     ) -> Result<Self, ServerError> {
         let mut problems: Vec<String> = config.problems().into_iter().map(|(_, m)| m).collect();
+        let bind = config.bind.parse::<SocketAddr>().ok();
+        if let Some(bind) = bind {
+            problems.extend(config.serving_problems(bind));
+        }
         problems.extend(crate::credentials::problems(
             &config,
             app.config(),
@@ -122,7 +127,7 @@ impl Server {
             serving: store.serving.clone(),
             observers: Vec::new(),
         };
-        let router = build_router(&state);
+        let router = build_router(&state, bind);
         Ok(Self {
             state,
             jobs,
@@ -145,7 +150,9 @@ impl Server {
         self
     }
 
-    /// The router (for tests and embedding).
+    /// The router (for tests and embedding), answering as the server at `[server] bind`
+    /// (the A2A cards' URLs and the Host check; [`serve`](Self::serve) uses the address it
+    /// is given instead).
     pub fn router(&self) -> Router {
         self.router.clone()
     }
@@ -168,6 +175,13 @@ impl Server {
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> Result<ServeReport, ServerError> {
         let config = &self.state.config;
+        // Cards and the Host check name the address actually served (port 0 included).
+        let bound = listener.local_addr().map_err(ServerError::Serve)?;
+        let problems = config.serving_problems(bound);
+        if !problems.is_empty() {
+            return Err(ServerError::Config(problems));
+        }
+        let router = build_router(&self.state, Some(bound));
         let grace = Duration::from_millis(config.shutdown_grace_ms);
         let worker_stop = CancellationToken::new();
         let workers = if config.workers > 0 {
@@ -207,7 +221,7 @@ impl Server {
         };
         let stopped = shutdown.clone();
         let mut http = tokio::spawn(
-            axum::serve(listener, self.router.clone())
+            axum::serve(listener, router)
                 .with_graceful_shutdown(async move { stopped.cancelled().await })
                 .into_future(),
         );
@@ -227,7 +241,7 @@ impl Server {
                 Err(e) => Err(ServerError::Serve(std::io::Error::other(e.to_string()))),
             };
         }
-        let deadline = tokio::time::Instant::now() + grace;
+        let deadline = crate::state::deadline_after(grace);
         if tokio::time::timeout_at(deadline, &mut http).await.is_err() {
             http.abort();
         }
@@ -236,7 +250,7 @@ impl Server {
             // At the deadline the workers interrupt their runs still going and release
             // their jobs; a run gets up to a lease TTL to stop (then the worker drops it).
             let ttl = Duration::from_millis(config.lease_ttl_ms);
-            let stopped = deadline + ttl + Duration::from_secs(1);
+            let stopped = crate::state::later(deadline, ttl.saturating_add(Duration::from_secs(1)));
             match tokio::time::timeout_at(stopped, &mut task).await {
                 Ok(Ok(worker)) => {
                     report.left_to_queue = worker.released > 0;
@@ -255,8 +269,11 @@ impl Server {
     }
 }
 
-/// The routes, their OpenAPI document (stored in the state) and the layers.
-fn build_router(state: &AppState) -> Router {
+/// The routes, their OpenAPI document (stored in the state) and the layers, for a server
+/// listening on `bound` (`None`: an address unknown yet — cards then name `[server]
+/// public_url`, else the default address).
+fn build_router(state: &AppState, bound: Option<SocketAddr>) -> Router {
+    let bound = bound.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     let (keyed, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(chat::chat))
         .routes(routes!(threads::list_threads))
@@ -279,19 +296,26 @@ fn build_router(state: &AppState) -> Router {
         .openapi
         .set(api.to_pretty_json().unwrap_or_else(|_| "{}".into()));
     let config = &state.config;
-    let mut router = keyed
+    let router = keyed
         .merge(public)
         .route("/openapi.json", get(system::openapi))
         .route("/docs", get(system::docs))
-        .merge(crate::a2a::routes(state))
+        .merge(crate::a2a::routes(state, &config.base_url(bound)))
         .merge(crate::ui::routes(state))
         .fallback(system::not_found)
-        .method_not_allowed_fallback(system::method_not_allowed)
+        .method_not_allowed_fallback(system::method_not_allowed);
+    // Refused Hosts (DNS rebinding) get 421 before anything else runs; health checks,
+    // which show nothing, answer whatever name a load balancer probes with.
+    let hosts = keel_ui::AllowedHosts::for_server(config, &[bound])
+        .exempt("/healthz")
+        .exempt("/readyz");
+    let mut router = keel_ui::guard_hosts(router, hosts)
         .layer(from_fn_with_state(state.clone(), auth::count))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
-            Duration::from_millis(config.request_timeout_ms) + Duration::from_secs(10),
+            Duration::from_millis(config.request_timeout_ms)
+                .saturating_add(Duration::from_secs(10)),
         ));
     if let Some(cors) = cors(&config.cors_origins) {
         router = router.layer(cors);

@@ -77,3 +77,18 @@ impl Shared {
         Duration::from_millis(self.config.stream_timeout_ms)
     }
 }
+
+/// The instant `after` from now, with checked arithmetic: configured durations are bounded
+/// by `ServerConfig::problems`, but a deadline must never panic on one that was not (an
+/// overflowing one is a year away, as good as never for a request or a stream).
+pub(crate) fn deadline_after(after: Duration) -> tokio::time::Instant {
+    later(tokio::time::Instant::now(), after)
+}
+
+/// `from + after`, or a year after `from` when that overflows.
+pub(crate) fn later(from: tokio::time::Instant, after: Duration) -> tokio::time::Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    from.checked_add(after)
+        .or_else(|| from.checked_add(YEAR))
+        .unwrap_or(from)
+}

@@ -46,8 +46,10 @@ impl Seen {
 /// got (as a careless service might); `/a2a/echo` is keel-a2a's echo agent.
 async fn service() -> (String, Seen) {
     let seen = Seen::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
     let backend = keel_a2a::testing::EchoBackend::new();
-    let a2a = keel_a2a::router(Arc::new(backend)).build();
+    let a2a = keel_a2a::router(Arc::new(backend), &base).build();
     let recorder = seen.clone();
     let app = axum::Router::new()
         .route(
@@ -80,8 +82,6 @@ async fn service() -> (String, Seen) {
                 }
             },
         ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

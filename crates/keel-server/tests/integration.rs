@@ -17,6 +17,7 @@ mod a2a;
 mod api;
 mod chat;
 mod credentials;
+mod hosts;
 mod load;
 mod tenancy;
 mod ui;

@@ -300,7 +300,7 @@ impl SpanAssembler {
                     ),
                 );
             }
-            EventKind::ToolCallStarted { call_id, name } => {
+            EventKind::ToolCallStarted { call_id, name, .. } => {
                 let open = open_tool(run, event, call_id, name, capture);
                 run.tools.insert(call_id.clone(), open);
             }

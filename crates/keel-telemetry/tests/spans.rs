@@ -39,13 +39,7 @@ fn failed_model_call_parallel_tools_and_compaction() {
         0.0,
     );
     // Parallel: both start, then finish in reverse order.
-    b.push(
-        1,
-        EventKind::ToolCallStarted {
-            call_id: "a".into(),
-            name: "fetch".into(),
-        },
-    );
+    b.push(1, EventKind::tool_call_started("a", "fetch"));
     b.tool(
         "b",
         "search",

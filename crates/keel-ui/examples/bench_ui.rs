@@ -259,14 +259,7 @@ impl Log {
                 requires_approval: false,
             },
         );
-        self.push(
-            rng,
-            20,
-            EventKind::ToolCallStarted {
-                call_id: call.id.clone(),
-                name: name.into(),
-            },
-        );
+        self.push(rng, 20, EventKind::tool_call_started(call.id.clone(), name));
         let outcome = ToolOutcome {
             tool: name.into(),
             call_id: call.id.clone(),

@@ -10,9 +10,10 @@
 //! Everything shown passes through a [`keel_telemetry::Redactor`] first, and every value
 //! is HTML-escaped by `maud`. Every asset (one stylesheet, one small script) is compiled
 //! into the binary: the pages work offline. The crate owns no listener policy and no
-//! authentication: `keel ui` serves [`router`] on loopback, and a server mounting it
-//! elsewhere restricts what it sees with a [`Scope`] and puts its own authentication in
-//! front. It must not write events itself: approvals, resumes and forks go through
+//! authentication: `keel ui` serves [`router`] on loopback behind the Host check of
+//! [`host`] (against DNS rebinding; `keel serve` puts the same check in front of all its
+//! routes), and a server mounting it elsewhere restricts what it sees with a [`Scope`]
+//! and puts its own authentication in front. It must not write events itself: approvals, resumes and forks go through
 //! `keel-runtime` and `keel-app` like every other surface.
 
 mod actions;
@@ -23,6 +24,7 @@ mod detail;
 mod error;
 mod eval_pages;
 mod filter;
+pub mod host;
 mod layout;
 mod live;
 mod row;
@@ -39,6 +41,7 @@ use axum::routing::{get, post};
 
 pub use actions::{AppResumer, ModelHook, Resumer, cross_site_refusal, form};
 pub use error::UiError;
+pub use host::{AllowedHosts, guard_hosts};
 pub use source::{RunSource, Scope};
 
 /// What the UI serves: a scoped view of a store, how paused runs continue, where trace

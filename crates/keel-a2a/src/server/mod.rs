@@ -150,7 +150,7 @@ pub trait A2aBackend: Send + Sync + 'static {
 /// Builds the A2A [`Router`] over a backend.
 pub struct A2aRouterBuilder {
     backend: Arc<dyn A2aBackend>,
-    public_url: Option<String>,
+    public_url: String,
     default_agent: Option<String>,
     blocking_timeout: Duration,
     keep_alive: Duration,
@@ -170,18 +170,22 @@ impl std::fmt::Debug for A2aRouterBuilder {
 /// The router's shared state.
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn A2aBackend>,
-    public_url: Option<String>,
+    public_url: String,
     default_agent: Option<String>,
     pub(crate) blocking_timeout: Duration,
     pub(crate) keep_alive: Duration,
     security_schemes: Option<Value>,
 }
 
-/// A builder of the A2A router over `backend`.
-pub fn router(backend: Arc<dyn A2aBackend>) -> A2aRouterBuilder {
+/// A builder of the A2A router over `backend`, reached by clients at `public_url`
+/// (`https://agents.example`, or `http://127.0.0.1:PORT` for a loopback server): the
+/// cards' URLs are `<public_url>/a2a/<agent>`. They never come from a request's `Host` or
+/// `X-Forwarded-*` headers, which the client chooses: a card built from them would send
+/// the next caller (and the key it presents) wherever a request said.
+pub fn router(backend: Arc<dyn A2aBackend>, public_url: impl Into<String>) -> A2aRouterBuilder {
     A2aRouterBuilder {
         backend,
-        public_url: None,
+        public_url: public_url.into().trim_end_matches('/').to_string(),
         default_agent: None,
         blocking_timeout: Duration::from_secs(120),
         keep_alive: Duration::from_secs(15),
@@ -190,11 +194,10 @@ pub fn router(backend: Arc<dyn A2aBackend>) -> A2aRouterBuilder {
 }
 
 impl A2aRouterBuilder {
-    /// The URL clients reach the router at (`https://agents.example`), used in cards.
-    /// Default: `http://` + the request's `Host`.
+    /// Replaces the URL clients reach the router at (see [`router`]).
     #[must_use]
     pub fn public_url(mut self, url: impl Into<String>) -> Self {
-        self.public_url = Some(url.into().trim_end_matches('/').to_string());
+        self.public_url = url.into().trim_end_matches('/').to_string();
         self
     }
 
@@ -257,19 +260,8 @@ impl Inner {
         self.backend.agents().into_iter().find(|a| a.name == name)
     }
 
-    fn base_url(&self, headers: &HeaderMap) -> String {
-        if let Some(url) = &self.public_url {
-            return url.clone();
-        }
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("localhost");
-        format!("http://{host}")
-    }
-
-    fn card(&self, agent: &AgentDescriptor, headers: &HeaderMap) -> AgentCard {
-        let url = format!("{}/a2a/{}", self.base_url(headers), agent.name);
+    fn card(&self, agent: &AgentDescriptor) -> AgentCard {
+        let url = format!("{}/a2a/{}", self.public_url, agent.name);
         let interface = |version: ProtocolVersion| AgentInterface {
             url: url.clone(),
             protocol_binding: JSONRPC_BINDING.into(),
@@ -359,25 +351,21 @@ fn agent_names(inner: &Inner) -> Value {
     )
 }
 
-async fn default_card(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+async fn default_card(State(inner): State<Arc<Inner>>) -> Response {
     let agents = inner.backend.agents();
     let chosen = match &inner.default_agent {
         Some(name) => agents.into_iter().find(|a| &a.name == name),
         None => agents.into_iter().next(),
     };
     match chosen {
-        Some(agent) => card_response(&inner.card(&agent, &headers)),
+        Some(agent) => card_response(&inner.card(&agent)),
         None => not_found("no agent is served here".into()),
     }
 }
 
-async fn agent_card(
-    State(inner): State<Arc<Inner>>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+async fn agent_card(State(inner): State<Arc<Inner>>, Path(agent): Path<String>) -> Response {
     match inner.agent(&agent) {
-        Some(descriptor) => card_response(&inner.card(&descriptor, &headers)),
+        Some(descriptor) => card_response(&inner.card(&descriptor)),
         None => not_found(format!(
             "no agent `{agent}` is served here; agents: {}",
             agent_names(&inner)

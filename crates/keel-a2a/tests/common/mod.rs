@@ -59,10 +59,12 @@ impl Peer {
     }
 }
 
-/// Serves `router` on a loopback port; answers its base URL.
-pub async fn serve(router: axum::Router) -> String {
+/// Serves the router `router` builds for its base URL on a loopback port; answers that
+/// URL.
+pub async fn serve(router: impl FnOnce(&str) -> axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
+    let router = router(&format!("http://{address}"));
     tokio::spawn(async move {
         axum::serve(listener, router).await.unwrap();
     });

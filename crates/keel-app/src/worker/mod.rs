@@ -162,6 +162,15 @@ impl<A: JobAgents> Shared<A> {
     }
 }
 
+/// The shortest lease TTL a worker takes: the keeper stops the run two thirds into the TTL
+/// (its safe deadline), and the remaining third must outlast the grace a cancelled tool
+/// gets to finish ([`keel_runtime::TOOL_CANCEL_GRACE`], 0.5 s) with as much again to spare,
+/// so no effect of the old holder can land after another worker took the job over.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// The longest lease TTL a worker takes (a crashed worker's jobs wait this long at most).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
+
 impl<A: JobAgents> Worker<A> {
     /// A worker driving the jobs of `queue` on `events` with `agents`. Options out of range
     /// are an [`AppError::Invalid`].
@@ -172,10 +181,13 @@ impl<A: JobAgents> Worker<A> {
         options: WorkerOptions,
     ) -> Result<Self, AppError> {
         let ttl = options.lease_ttl;
-        // A nanosecond of slack: `Duration::from_secs_f64(0.3)` may round down.
-        if ttl < Duration::from_nanos(299_999_999) || ttl > Duration::from_secs(86_400) {
+        if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL {
             return Err(AppError::Invalid(format!(
-                "the lease TTL must be within [0.3 s, 24 h], not {ttl:?}"
+                "the lease TTL must be within [{} s, 24 h], not {ttl:?}: the worker stops acting \
+                 two thirds into the TTL, and the last third must outlast the {} ms a cancelled \
+                 tool is given to answer",
+                MIN_LEASE_TTL.as_secs_f64(),
+                keel_runtime::TOOL_CANCEL_GRACE.as_millis()
             )));
         }
         if options.concurrency == 0 {
@@ -299,7 +311,9 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
         sent,
         cancel.clone(),
     ));
-    let keeping = tokio::spawn(keeper.clone().keep());
+    // Aborted when this future ends or is dropped (a worker stopped, a server task
+    // aborted): a keeper outliving its run would renew the lease forever.
+    let keeping = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(keeper.clone().keep()));
     let store: Arc<dyn EventStore> =
         Arc::new(FencedStore::new(shared.events.clone(), keeper.clone()));
     let run = job::drive(
@@ -316,7 +330,7 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
         () = lost_then(&keeper, shared.ttl) => None,
         () = interrupt_at_shutdown(shared, &keeper) => None,
     };
-    keeping.abort();
+    drop(keeping);
     let lease = keeper.lease();
     let counters = &shared.counters;
     let interrupted = matches!(keeper.loss(), Some(Loss::Shutdown(_)));

@@ -73,9 +73,15 @@ impl JobAgents for Scripted {
             step.delay_ms = spec.slow_ms;
         }
         let model = Arc::new(ScriptedModel::new(vec![step]));
-        let agent = ToolAgent::builder("scripted", model)
-            .recipe(serde_json::to_value(spec).unwrap())
-            .build();
+        let mut agent =
+            ToolAgent::builder("scripted", model).recipe(serde_json::to_value(spec).unwrap());
+        if spec.slow_ms.is_some() {
+            // A slow run is watched from the store while its model call hangs: its start
+            // must be written before that call (under the default it would ride with the
+            // answer, which never comes).
+            agent = agent.durability(keel_core::RunDurability::Steps);
+        }
+        let agent = agent.build();
         Ok((Box::new(agent), RunContext::new(store).with_cancel(cancel)))
     }
 }
@@ -235,6 +241,11 @@ fn options_out_of_range_are_refused() {
             lease_ttl: Duration::from_millis(100),
             ..options()
         },
+        // A third of 1.5 s does not outlast the tool's cancel grace with room to spare.
+        WorkerOptions {
+            lease_ttl: Duration::from_millis(1_500),
+            ..options()
+        },
         WorkerOptions {
             lease_ttl: Duration::from_secs(86_401),
             ..options()
@@ -247,8 +258,17 @@ fn options_out_of_range_are_refused() {
         let error = worker(options).unwrap_err();
         assert_eq!(error.code(), "invalid", "{error}");
     }
+    let error = worker(WorkerOptions {
+        lease_ttl: Duration::from_millis(300),
+        ..options()
+    })
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("[2 s, 24 h]") && error.to_string().contains("500 ms"),
+        "the minimum and the reason are named: {error}"
+    );
     worker(WorkerOptions {
-        lease_ttl: Duration::from_secs_f64(0.3),
+        lease_ttl: MIN_LEASE_TTL,
         ..options()
     })
     .unwrap();
@@ -349,4 +369,81 @@ async fn shutdown_grace_interrupts_the_run_and_releases_its_job() {
         .filter(|e| matches!(e.kind, EventKind::RunEnded { .. }))
         .count();
     assert_eq!((starts, ends), (1, 1));
+}
+
+/// Dropping a worker's future (a stopped worker, an aborted server task) stops renewing
+/// the leases of its jobs: the keeper is a guard of the job it renews, not a task of its
+/// own. Then the lease expires and another worker takes the job over and finishes it.
+#[tokio::test]
+async fn a_dropped_worker_stops_renewing_and_its_job_is_taken_over() {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let slow = Spec {
+        slow_ms: Some(3_600_000),
+        ..spec("finally", None)
+    };
+    let job = submit(events.as_ref(), queue.as_ref(), None, slow, "go".into())
+        .await
+        .unwrap();
+    let first = Worker::new(
+        events.clone(),
+        queue.clone(),
+        Scripted,
+        WorkerOptions {
+            exit_when_idle: false,
+            lease_ttl: MIN_LEASE_TTL,
+            ..options()
+        },
+    )
+    .unwrap();
+    let running = tokio::spawn(first.run());
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let thread = Thread::load(events.as_ref(), &job.thread_id).await.unwrap();
+            if thread.state().run_in_progress() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+
+    // Another worker gets the job once the lease has expired (a keeper still renewing it
+    // would keep it away forever) and finishes the same run. Each pass exits when nothing
+    // is ready.
+    let (lines, log) = collect();
+    let taken_over = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let next = Worker::new(
+                events.clone(),
+                queue.clone(),
+                Scripted,
+                WorkerOptions {
+                    worker_id: "w2".into(),
+                    lease_ttl: MIN_LEASE_TTL,
+                    ..options()
+                },
+            )
+            .unwrap()
+            .with_log(log.clone());
+            if next.run().await.completed == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        taken_over.is_ok(),
+        "the job was never taken over: its lease is still renewed"
+    );
+    assert_eq!(
+        queue.job(job.job_id).await.unwrap().unwrap().state,
+        JobState::Done
+    );
+    let line = lines.lock().unwrap().join("\n");
+    assert!(line.contains("ended done"), "{line}");
 }

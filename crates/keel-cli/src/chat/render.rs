@@ -163,7 +163,7 @@ impl RunObserver for ChatPrinter {
                 let line = format!("→ {} {}", call.name, shorten(&call.arguments, SHOWN_CHARS));
                 Self::print_line(&mut state, &line);
             }
-            EventKind::ToolCallStarted { call_id, name } => {
+            EventKind::ToolCallStarted { call_id, name, .. } => {
                 state.running.insert(call_id.clone(), name.clone());
                 self.update_spinner(&mut state);
             }

@@ -247,8 +247,6 @@ async fn drive(agent: &ToolAgent, journal: &mut Journal<'_>) -> Result<RunOutcom
             }
             Action::AwaitApproval(pending) => {
                 let pending = pending.clone();
-                // Whoever decides (a person, a callback) sees only stored events.
-                journal.flush().await?;
                 if let Some(status) = tools::await_approval(journal, pending).await? {
                     return Ok(outcome(journal, status));
                 }
@@ -399,22 +397,14 @@ pub(crate) async fn finish(
     reason: Option<String>,
     final_text: Option<String>,
 ) -> Result<(), RunError> {
-    let unanswered: Vec<ToolCall> = journal
-        .state()
-        .unanswered_calls()
-        .map(|p| p.call.clone())
-        .collect();
+    let unanswered: Vec<PendingCall> = journal.state().unanswered_calls().cloned().collect();
     let span = journal.run_span().to_string();
     let because = reason.clone().unwrap_or_else(|| end_state.to_string());
     let mut batch: Vec<(EventKind, String)> = unanswered
         .into_iter()
-        .map(|call| {
-            let message = if call.name == ASK_USER {
-                format!("the run ended ({because}); the user's reply will arrive as a new message")
-            } else {
-                format!("the run ended ({because}) before this call ran")
-            };
-            let outcome = error_outcome(journal, &call, ToolErrorCode::Cancelled, message);
+        .map(|pending| {
+            let call = pending.call.clone();
+            let outcome = unanswered_outcome(journal, &pending, &because);
             (tool_finished(call, outcome, None), span.clone())
         })
         .collect();
@@ -427,6 +417,55 @@ pub(crate) async fn finish(
         span,
     ));
     journal.append_batch(batch).await
+}
+
+/// The outcome of a call still unanswered when its run ends. A call that started (itself
+/// or its fallback) and is not read-only may have taken effect: its outcome says so
+/// (`may_have_run`, with its key) instead of claiming it never ran.
+fn unanswered_outcome(journal: &Journal<'_>, pending: &PendingCall, because: &str) -> ToolOutcome {
+    let call = &pending.call;
+    if call.name == ASK_USER {
+        let message =
+            format!("the run ended ({because}); the user's reply will arrive as a new message");
+        return error_outcome(journal, call, ToolErrorCode::Cancelled, message);
+    }
+    let started_effect = pending
+        .fallback
+        .as_ref()
+        .map(|fallback| fallback.start.as_ref().map(|s| s.effect))
+        .or(pending.started.then_some(pending.effect));
+    let Some(effect) = started_effect else {
+        let message = format!("the run ended ({because}) before this call ran");
+        return error_outcome(journal, call, ToolErrorCode::Cancelled, message);
+    };
+    if effect == Some(keel_core::Effect::ReadOnly) {
+        let message = format!("the run ended ({because}) while this read-only call ran");
+        return error_outcome(journal, call, ToolErrorCode::Cancelled, message);
+    }
+    let key = pending
+        .fallback
+        .as_ref()
+        .and_then(|fallback| fallback.start.as_ref())
+        .or(pending.start.as_ref())
+        .and_then(|start| start.idempotency_key.clone())
+        .unwrap_or_else(|| format!("{}:{}", journal.thread_id(), call.id));
+    let mut outcome = error_outcome(
+        journal,
+        call,
+        ToolErrorCode::Cancelled,
+        format!(
+            "the run ended ({because}) after this call started; it may or may not have taken effect. Check its \
+             effect before calling it again (idempotency key {key})."
+        ),
+    );
+    if let ToolResultKind::Error { details, .. } = &mut outcome.result {
+        *details = Some(serde_json::json!({
+            "interrupted": true,
+            "may_have_run": true,
+            "idempotency_key": key,
+        }));
+    }
+    outcome
 }
 
 pub(crate) fn error_outcome(

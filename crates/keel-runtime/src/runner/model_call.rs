@@ -14,7 +14,8 @@ use keel_core::planner::{self, PlannerAction, PlannerMode};
 use keel_core::state::{INVALID_ACTION_NOTICE, VALID_ACTION_NOTICE};
 use keel_core::{
     ApprovalMode as ToolApproval, EventKind, Message, ModelError, ModelErrorKind, ModelRequest,
-    ModelResponse, Part, Role, StreamEvent, ToolCall, ToolChoice, ToolProgress, ToolResultKind,
+    ModelResponse, Part, Role, RunDurability, StreamEvent, ToolCall, ToolChoice, ToolProgress,
+    ToolResultKind,
 };
 
 use crate::compaction::{self, Prepared};
@@ -307,26 +308,33 @@ pub(super) async fn call_model(
             .context
             .context_window
             .unwrap_or(agent.model.capabilities().context_window);
-        journal
-            .append_batch(vec![(
-                EventKind::ModelRequested {
-                    turn,
-                    model: agent.model.id(),
-                    message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
-                    tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
-                    estimated_input_tokens: estimated,
-                    provider: agent
-                        .model
-                        .id()
-                        .split_once(':')
-                        .map(|(provider, _)| provider.to_string()),
-                    temperature: agent.temperature,
-                    max_tokens: agent.request_max_output,
-                    context_window: Some(u64::from(window)),
-                },
-                span.clone(),
-            )])
-            .await?;
+        let requested = vec![(
+            EventKind::ModelRequested {
+                turn,
+                model: agent.model.id(),
+                message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
+                tool_count: u32::try_from(agent.tool_definitions.len()).unwrap_or(u32::MAX),
+                estimated_input_tokens: estimated,
+                provider: agent
+                    .model
+                    .id()
+                    .split_once(':')
+                    .map(|(provider, _)| provider.to_string()),
+                temperature: agent.temperature,
+                max_tokens: agent.request_max_output,
+                context_window: Some(u64::from(window)),
+            },
+            span.clone(),
+        )];
+        // A model call has no effect outside the process: its request rides with the next
+        // durable point (the journal's module doc), unless the agent asks for every step.
+        if agent.durability == RunDurability::Steps
+            || journal.staged_model_calls() >= crate::journal::MAX_STAGED_MODEL_CALLS
+        {
+            journal.append_batch(requested).await?;
+        } else {
+            journal.stage(requested);
+        }
         let started = Instant::now();
         let mut first_token = FirstToken::new(started);
         let mut batch = Vec::new();

@@ -11,7 +11,7 @@ use keel_core::event::{CriticNext, new_span_id};
 use keel_core::observation::render_for_model;
 use keel_core::planner::{ASK_USER, AskUserArgs, REPLAN, ReplanArgs};
 use keel_core::policy::{PolicyContext, PolicyDecision, missing_required_fields};
-use keel_core::state::PendingCall;
+use keel_core::state::{PendingCall, RecordedFallback, RecordedStart};
 use keel_core::{
     Effect, EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind,
 };
@@ -44,13 +44,25 @@ pub(super) async fn execute_tools(
             && agent.handoff_target(&p.call.name).is_none()
             && !refusals.contains_key(&p.call.id)
     };
-    // A call that started before a crash and never finished: re-run it only when repeating
-    // it is harmless; a mutating call gets an "interrupted" outcome and goes to the policy.
-    let (interrupted, calls): (Vec<PendingCall>, Vec<PendingCall>) = calls
-        .into_iter()
-        .partition(|p| is_executed(p) && p.started && !may_repeat(agent, &p.call.name));
+    // A call that started before a crash and never finished: re-run it only when what its
+    // start recorded (and the tool as it is now) says repeating it is harmless; otherwise it
+    // gets an "interrupted, may have run" outcome and goes to the policy. A call whose
+    // fallback had started is settled through the fallback: the original never runs again.
+    let (interrupted, calls): (Vec<PendingCall>, Vec<PendingCall>) =
+        calls.into_iter().partition(|p| {
+            is_executed(p)
+                && p.started
+                && (p.fallback.is_some()
+                    || !repeat_on_resume(agent, &p.call.name, p.start.as_ref()))
+        });
     for pending in interrupted {
-        settle_interrupted(agent, journal, pending.call).await?;
+        match pending.fallback.clone() {
+            Some(fallback) => resume_fallback(agent, journal, pending, fallback).await?,
+            None => {
+                let key = recorded_key(journal, &pending);
+                settle_interrupted(agent, journal, pending.call, None, key).await?;
+            }
+        }
     }
     if calls.is_empty() {
         return Ok(());
@@ -58,28 +70,23 @@ pub(super) async fn execute_tools(
     let started: Vec<(EventKind, String)> = calls
         .iter()
         .filter(|p| is_executed(p) && !p.started)
-        .map(|p| {
-            (
-                EventKind::ToolCallStarted {
-                    call_id: p.call.id.clone(),
-                    name: p.call.name.clone(),
-                },
-                new_span_id(),
-            )
-        })
+        .map(|p| (call_started(agent, journal, &p.call, None), new_span_id()))
         .collect();
-    // A mutating call's start must be on stable storage before its side effect can happen:
-    // after a power loss the log must still say the call may have run. When every call
-    // starting now may run again harmlessly, nothing outside the process depends on their
+    // The durability rule (docs/durability.md): a call that is not read-only starts only
+    // once the model's answer carrying its id and its own start — with its effect and
+    // idempotency key — are on stable storage, so a crash can neither lose the record
+    // that it may have run nor let a re-asked model give it a new id and a new key. When
+    // every call starting now is read-only, nothing outside the process depends on their
     // starts: they are staged (with the model's answer before them) and reach the store
-    // with the results, in one commit instead of two — unless a call is still running
-    // after `STAGED_START_FLUSH`, when they are written while it runs so that observers
-    // (a CLI's progress line, a server's event stream) hear of it.
-    let starts_mutation = calls
+    // with a later durable point — unless a call is still running after
+    // `STAGED_START_FLUSH`, when they are written while it runs so that observers (a CLI's
+    // progress line, a server's event stream) hear of it.
+    let starts_effect = calls
         .iter()
-        .any(|p| is_executed(p) && !p.started && !may_repeat(agent, &p.call.name));
+        .any(|p| is_executed(p) && !p.started && !is_read_only(agent, &p.call.name));
+    // A call resumed after a crash keeps the span and key its start recorded.
     let extras = call_extras(journal, &started);
-    if starts_mutation {
+    if starts_effect {
         journal
             .append_batch_with(started, keel_core::AppendDurability::Sync)
             .await?;
@@ -182,45 +189,33 @@ pub(super) async fn execute_tools(
             })
             .collect();
         let mut outcome = execution.outcome;
+        mark_unknown_outcome(agent, &mut outcome);
         let mut decision = decide_policy(agent, journal, &call, &outcome, false);
-        // A result with a side effect behind it is written at once; a read-only one is
-        // staged (written with the next append, before the next model call): losing it to
-        // a crash only means running a read-only call again.
-        let mut has_side_effect = !may_repeat(agent, &call.name);
         if let Some(PolicyDecision::Fallback { tool }) = &decision {
-            has_side_effect |= !may_repeat(agent, tool);
+            let tool = tool.clone();
             batch.push(policy_event(
                 &call,
                 &outcome,
                 decision.clone().unwrap_or(PolicyDecision::ReturnToModel),
             ));
-            // The fallback is another side effect: it gets its own idempotency key, and a
-            // mutating one runs only once the log says — on stable storage — that this
-            // call started and fell back to it (with whatever was staged before).
-            if !may_repeat(agent, tool) {
-                journal
-                    .append_batch_with(
-                        std::mem::take(&mut batch),
-                        keel_core::AppendDurability::Sync,
-                    )
-                    .await?;
-            }
-            let fallback_call = ToolCall {
-                id: format!("{}.fallback.{tool}", call.id),
-                name: tool.clone(),
-                arguments: call.arguments.clone(),
-            };
-            let fallback = agent.executor.execute(&fallback_call, env).await;
-            outcome = fallback.outcome;
-            decision = decide_policy(agent, journal, &fallback_call, &outcome, true);
+            let (fallback_outcome, fallback_decision) = run_fallback(
+                agent,
+                journal,
+                &call,
+                &tool,
+                std::mem::take(&mut batch),
+                env,
+            )
+            .await?;
+            outcome = fallback_outcome;
+            decision = fallback_decision;
         }
         let content = content_for(agent, &outcome);
         batch.extend(finished_events(&call, outcome, Some(content), decision));
-        if has_side_effect {
-            journal.append_batch(batch).await?;
-        } else {
-            journal.stage(batch);
-        }
+        // Results ride with the next durable point. Losing one to a crash costs running a
+        // repeatable call again (with its recorded key); a call that is not repeatable is
+        // then settled as "may have run", never run twice.
+        journal.stage(batch);
         committed.push(call.id);
     }
     if let Some(target) = handed_off {
@@ -361,51 +356,280 @@ pub(super) fn past_calls<'a>(
 /// run context.
 fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallExtras {
     let recorded = journal.run_events().iter().map(|e| (&e.kind, &e.span_id));
-    let spans = recorded
-        .chain(started.iter().map(|(kind, span)| (kind, span)))
-        .filter_map(|(kind, span)| match kind {
-            EventKind::ToolCallStarted { call_id, .. } => Some((call_id.clone(), span.clone())),
-            _ => None,
-        })
-        .collect();
+    let mut spans = std::collections::HashMap::new();
+    let mut keys = std::collections::HashMap::new();
+    for (kind, span) in recorded.chain(started.iter().map(|(kind, span)| (kind, span))) {
+        if let EventKind::ToolCallStarted {
+            call_id,
+            idempotency_key,
+            ..
+        } = kind
+        {
+            spans.insert(call_id.clone(), span.clone());
+            if let Some(key) = idempotency_key {
+                keys.insert(call_id.clone(), key.clone());
+            }
+        }
+    }
     let runtime: Arc<dyn std::any::Any + Send + Sync> = Arc::new(journal.ctx().clone());
     CallExtras {
         trace_id: journal.trace_id().to_string(),
         spans,
+        keys,
         runtime: Some(runtime),
         credentials: journal.ctx().credentials.clone(),
     }
 }
 
-/// Whether a call of this tool may run again after an interruption: its effect is
-/// read-only or idempotent (an unknown tool is never run, so repeating it is harmless).
-fn may_repeat(agent: &ToolAgent, name: &str) -> bool {
+/// Whether a call of this tool may run again after an interruption, as the tool is now:
+/// it is not mutating, or it is mutating behind an idempotency key it honours (an unknown
+/// tool is never run, so repeating it is harmless).
+fn repeatable_now(agent: &ToolAgent, name: &str) -> bool {
     agent
         .executor
         .spec(name)
-        .is_none_or(|spec| spec.effect != Effect::Mutating)
+        .is_none_or(|spec| spec.effect != Effect::Mutating || spec.honours_idempotency_key)
 }
 
-/// Records the outcome of a mutating call that started but never finished (the process
-/// stopped mid-call): it is NOT executed again. The model is told it may or may not have
-/// taken effect, with its idempotency key, and the policy decides what follows.
+/// Whether a call that started and never finished runs again on resume. What its start
+/// recorded governs: a call recorded as not repeatable is never repeated, whatever the
+/// tool's spec says now (a relaxed effect does not re-run a started payment). A call whose
+/// start predates that record is judged by the tool as it is now.
+fn repeat_on_resume(agent: &ToolAgent, name: &str, recorded: Option<&RecordedStart>) -> bool {
+    repeatable_now(agent, name) && recorded.is_none_or(|start| start.repeatable)
+}
+
+/// Whether calls of this tool only read: their starts may be staged.
+fn is_read_only(agent: &ToolAgent, name: &str) -> bool {
+    agent
+        .executor
+        .spec(name)
+        .is_none_or(|spec| spec.effect == Effect::ReadOnly)
+}
+
+/// The `ToolCallStarted` of a call (or of a fallback standing in for `fallback_for`),
+/// recording what governs a resume: the effect, whether repeating is harmless, and the
+/// idempotency key — fixed here, never derived again from a later model answer.
+fn call_started(
+    agent: &ToolAgent,
+    journal: &Journal<'_>,
+    call: &ToolCall,
+    fallback_for: Option<String>,
+) -> EventKind {
+    let spec = agent.executor.spec(&call.name);
+    let effect = spec.map(|s| s.effect);
+    let idempotency_key = effect
+        .filter(|effect| *effect != Effect::ReadOnly)
+        .map(|_| default_key(journal, &call.id));
+    EventKind::ToolCallStarted {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        effect,
+        repeatable: repeatable_now(agent, &call.name),
+        idempotency_key,
+        fallback_for,
+    }
+}
+
+/// The idempotency key of a call whose start recorded none (read-only, or an older log).
+fn default_key(journal: &Journal<'_>, call_id: &str) -> String {
+    format!("{}:{call_id}", journal.thread_id())
+}
+
+/// The key a started call was given: the one its start recorded, else the default.
+fn recorded_key(journal: &Journal<'_>, pending: &PendingCall) -> String {
+    pending
+        .start
+        .as_ref()
+        .and_then(|start| start.idempotency_key.clone())
+        .unwrap_or_else(|| default_key(journal, &pending.call.id))
+}
+
+/// A call that is not read-only and timed out or was abandoned after it started may have
+/// taken effect: its outcome says so (`may_have_run`), and no fallback follows it.
+fn mark_unknown_outcome(agent: &ToolAgent, outcome: &mut ToolOutcome) {
+    if outcome.attempts == 0 || is_read_only(agent, &outcome.tool) {
+        return;
+    }
+    if let ToolResultKind::Error {
+        code: ToolErrorCode::Timeout | ToolErrorCode::Cancelled,
+        details,
+        ..
+    } = &mut outcome.result
+    {
+        let mut map = match details.take() {
+            Some(serde_json::Value::Object(map)) => map,
+            Some(other) => {
+                let mut map = serde_json::Map::new();
+                map.insert("tool_details".into(), other);
+                map
+            }
+            None => serde_json::Map::new(),
+        };
+        map.insert("may_have_run".into(), serde_json::Value::Bool(true));
+        *details = Some(serde_json::Value::Object(map));
+    }
+}
+
+/// Whether an outcome says its call may have taken effect.
+fn may_have_run(outcome: &ToolOutcome) -> bool {
+    matches!(
+        &outcome.result,
+        ToolResultKind::Error { details: Some(details), .. }
+            if details.get("may_have_run").and_then(serde_json::Value::as_bool) == Some(true)
+    )
+}
+
+/// Runs the fallback the policy chose for a failed call, as a call of its own: its start
+/// (own id, effect and key, `fallback_for` naming the call) is journalled — synchronously
+/// with everything before it when the fallback is not read-only, so it runs at most once
+/// even across a crash — then it runs through the executor. `batch` holds the failed
+/// call's retries and policy decision, journalled with the start.
+async fn run_fallback(
+    agent: &ToolAgent,
+    journal: &mut Journal<'_>,
+    call: &ToolCall,
+    tool: &str,
+    mut batch: Vec<(EventKind, String)>,
+    env: CallEnv<'_>,
+) -> Result<(ToolOutcome, Option<PolicyDecision>), RunError> {
+    let fallback_call = ToolCall {
+        id: format!("{}.fallback.{tool}", call.id),
+        name: tool.to_string(),
+        arguments: call.arguments.clone(),
+    };
+    let start = call_started(agent, journal, &fallback_call, Some(call.id.clone()));
+    let key = match &start {
+        EventKind::ToolCallStarted {
+            idempotency_key, ..
+        } => idempotency_key.clone(),
+        _ => None,
+    };
+    let span = new_span_id();
+    batch.push((start, span.clone()));
+    if is_read_only(agent, tool) {
+        journal.stage(batch);
+    } else {
+        journal
+            .append_batch_with(batch, keel_core::AppendDurability::Sync)
+            .await?;
+    }
+    Ok(execute_fallback(agent, journal, &fallback_call, key, span, env).await)
+}
+
+/// Executes a fallback call with its recorded key and span; its outcome is judged by the
+/// policy as a fallback's (no second fallback), and an unknown outcome is marked.
+async fn execute_fallback(
+    agent: &ToolAgent,
+    journal: &Journal<'_>,
+    fallback_call: &ToolCall,
+    key: Option<String>,
+    span: String,
+    env: CallEnv<'_>,
+) -> (ToolOutcome, Option<PolicyDecision>) {
+    let mut extras = env.extras.cloned().unwrap_or_default();
+    extras.spans.insert(fallback_call.id.clone(), span);
+    if let Some(key) = key {
+        extras.keys.insert(fallback_call.id.clone(), key);
+    }
+    let env = CallEnv {
+        extras: Some(&extras),
+        ..env
+    };
+    let mut outcome = agent.executor.execute(fallback_call, env).await.outcome;
+    mark_unknown_outcome(agent, &mut outcome);
+    let decision = decide_policy(agent, journal, fallback_call, &outcome, true)
+        .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
+    (outcome, decision)
+}
+
+/// Settles, on resume, a call whose fallback had started before the process stopped:
+/// the original is never run again. A fallback its start recorded as repeatable (and
+/// still is) runs again with its recorded key; any other is settled as interrupted —
+/// it may have run — and nothing else runs in its place.
+async fn resume_fallback(
+    agent: &ToolAgent,
+    journal: &mut Journal<'_>,
+    pending: PendingCall,
+    fallback: RecordedFallback,
+) -> Result<(), RunError> {
+    let call = pending.call;
+    let key = fallback
+        .start
+        .as_ref()
+        .and_then(|start| start.idempotency_key.clone())
+        .unwrap_or_else(|| default_key(journal, &fallback.call_id));
+    if !repeat_on_resume(agent, &fallback.name, fallback.start.as_ref()) {
+        let fallback_call = ToolCall {
+            id: fallback.call_id,
+            name: fallback.name,
+            arguments: call.arguments.clone(),
+        };
+        return settle_interrupted(agent, journal, call, Some(fallback_call), key).await;
+    }
+    let fallback_call = ToolCall {
+        id: fallback.call_id.clone(),
+        name: fallback.name.clone(),
+        arguments: call.arguments.clone(),
+    };
+    let ctx = journal.ctx().clone();
+    let thread_id = journal.thread_id().to_string();
+    let run_id = journal.run_id().to_string();
+    let extras = call_extras(journal, &[]);
+    let span = extras
+        .spans
+        .get(&fallback.call_id)
+        .cloned()
+        .unwrap_or_else(new_span_id);
+    let env = CallEnv {
+        thread_id: &thread_id,
+        run_id: &run_id,
+        cancel: &ctx.cancel,
+        extras: Some(&extras),
+    };
+    let (outcome, decision) =
+        execute_fallback(agent, journal, &fallback_call, Some(key), span, env).await;
+    let content = content_for(agent, &outcome);
+    let batch = finished_events(&call, outcome, Some(content), decision);
+    journal.append_batch(batch).await
+}
+
+/// Records the outcome of a call that started but never finished (the process stopped
+/// mid-call) and may not run again — or of a call whose fallback did so (`fallback`): it
+/// is NOT executed again. The model is told it may or may not have taken effect, with its
+/// idempotency key (`may_have_run` in the details), and the policy decides what follows,
+/// never with a fallback.
 async fn settle_interrupted(
     agent: &ToolAgent,
     journal: &mut Journal<'_>,
     call: ToolCall,
+    fallback: Option<ToolCall>,
+    idempotency_key: String,
 ) -> Result<(), RunError> {
-    let idempotency_key = format!("{}:{}", journal.thread_id(), call.id);
+    let what = match &fallback {
+        Some(fallback) => format!(
+            "its fallback `{}` (the policy ran it after `{}` failed) was interrupted (the process driving the run \
+             stopped while it ran); it may or may not have taken effect and was not re-executed because `{}` is \
+             mutating",
+            fallback.name, call.name, fallback.name
+        ),
+        None => format!(
+            "this call was interrupted (the process driving the run stopped while it ran); it may or may not have \
+             taken effect and was not re-executed because `{}` is mutating",
+            call.name
+        ),
+    };
     let mut outcome = error_outcome(
         journal,
         &call,
         ToolErrorCode::Cancelled,
         format!(
-            "this call was interrupted (the process driving the run stopped while it ran); it may or may not have \
-             taken effect and was not re-executed because `{}` is mutating. Check its effect before calling it again \
-             (idempotency key {idempotency_key}).",
-            call.name
+            "{what}. Check its effect before calling it again (idempotency key {idempotency_key})."
         ),
     );
+    if let Some(fallback) = &fallback {
+        outcome.tool.clone_from(&fallback.name);
+    }
     if let ToolResultKind::Error { details, .. } = &mut outcome.result {
         *details = Some(serde_json::json!({
             "interrupted": true,
@@ -414,7 +638,7 @@ async fn settle_interrupted(
         }));
     }
     // A fallback tool is not run in place of a call whose effect is unknown.
-    let decision = decide_policy(agent, journal, &call, &outcome, false)
+    let decision = decide_policy(agent, journal, &call, &outcome, fallback.is_some())
         .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
     let batch = finished_events(&call, outcome, None, decision);
     journal.append_batch(batch).await
@@ -505,14 +729,21 @@ fn decide_policy(
             .count() as u32
             + 1
     };
-    agent.policy.decide(
+    let decision = agent.policy.decide(
         outcome,
         PolicyContext {
             arguments: &call.arguments,
             same_missing_field_failures,
             is_fallback,
         },
-    )
+    );
+    // What may have happened is never followed by a fallback blindly: the model is told.
+    match decision {
+        Some(PolicyDecision::Fallback { .. }) if may_have_run(outcome) => {
+            Some(PolicyDecision::ReturnToModel)
+        }
+        other => other,
+    }
 }
 
 /// What the model sees for an outcome, per the agent's observation mode.
@@ -678,7 +909,11 @@ pub(super) async fn await_approval(
     pending: PendingCall,
 ) -> Result<Option<RunStatus>, RunError> {
     let call = pending.call;
-    if !pending.approval_requested {
+    // Whoever decides (a person, a callback) sees only stored events: the request carries
+    // everything staged before it to the store (or, asked again on resume, a flush does).
+    if pending.approval_requested {
+        journal.flush().await?;
+    } else {
         journal
             .append(EventKind::ApprovalRequested {
                 call_id: call.id.clone(),

@@ -194,13 +194,7 @@ impl RunBuilder {
         error: Option<ToolErrorCode>,
         content: &str,
     ) -> &mut Self {
-        self.push(
-            1,
-            EventKind::ToolCallStarted {
-                call_id: id.into(),
-                name: name.into(),
-            },
-        );
+        self.push(1, EventKind::tool_call_started(id, name));
         for attempt in 1..attempts {
             self.push(
                 0,
