@@ -25,6 +25,7 @@
 pub mod a2a_agent;
 mod build;
 mod catalog;
+pub mod claim;
 pub mod compose;
 pub mod crash_point;
 pub mod definition;

@@ -38,6 +38,21 @@ impl StoreArgs {
     pub async fn events(&self) -> Result<Arc<dyn EventStore>, CliError> {
         Ok(self.open().await?.events)
     }
+
+    /// Opens the store and takes the lease of `thread_id` for `command` (the same lease a
+    /// worker takes: `keel_app::claim`), so no other driver drives the thread meanwhile;
+    /// fails naming the holder when one does. Drive the thread through the claim's store
+    /// and release it at the end.
+    pub async fn claim(
+        &self,
+        thread_id: &str,
+        command: &str,
+    ) -> Result<keel_app::claim::ThreadClaim, CliError> {
+        let opened = self.open().await?;
+        keel_app::claim::ThreadClaim::take(opened.events, opened.queue, thread_id, command)
+            .await
+            .map_err(|e| CliError::failure(e.to_string()))
+    }
 }
 
 /// `--approve` values.

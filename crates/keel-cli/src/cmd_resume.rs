@@ -85,7 +85,14 @@ pub struct ReplyArgs {
 /// Runs `keel resume`: whatever ran the thread (a workflow, or the agent its run
 /// recorded — flags given explicitly override it, with a notice) continues its run.
 pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
-    let store = args.store.events().await?;
+    let claim = args.store.claim(&args.thread, "keel resume").await?;
+    let result = resume_claimed(&args, claim.store()).await;
+    claim.release().await;
+    result
+}
+
+/// [`resume`] under the thread's lease.
+async fn resume_claimed(args: &ResumeArgs, store: Arc<dyn EventStore>) -> Result<u8, CliError> {
     let id = &args.thread;
     let thread = Thread::load(store.as_ref(), id)
         .await
@@ -111,7 +118,19 @@ pub async fn resume(args: ResumeArgs) -> Result<u8, CliError> {
 /// Runs `keel approve` (`approve = true`) or `keel deny`. The log is read once: the
 /// decision is recorded on the loaded thread, which then continues.
 pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
-    let store = args.store.events().await?;
+    let command = if approve { "keel approve" } else { "keel deny" };
+    let claim = args.store.claim(&args.thread, command).await?;
+    let result = decide_claimed(&args, approve, claim.store()).await;
+    claim.release().await;
+    result
+}
+
+/// [`decide`] under the thread's lease.
+async fn decide_claimed(
+    args: &DecideArgs,
+    approve: bool,
+    store: Arc<dyn EventStore>,
+) -> Result<u8, CliError> {
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
     let spec = recorded::spec_for_thread(&thread, &args.agent)?;
     if !args.no_resume {
@@ -149,7 +168,14 @@ pub async fn decide(args: DecideArgs, approve: bool) -> Result<u8, CliError> {
 /// or — when the last run ended (e.g. `clarify_needed`) — starts a new run on the thread
 /// with the answer as the user message, with the agent of the thread's last run.
 pub async fn reply(args: ReplyArgs) -> Result<u8, CliError> {
-    let store = args.store.events().await?;
+    let claim = args.store.claim(&args.thread, "keel reply").await?;
+    let result = reply_claimed(&args, claim.store()).await;
+    claim.release().await;
+    result
+}
+
+/// [`reply`] under the thread's lease.
+async fn reply_claimed(args: &ReplyArgs, store: Arc<dyn EventStore>) -> Result<u8, CliError> {
     let answer = args.answer.join(" ");
     let mut thread = load_existing(store.as_ref(), &args.thread).await?;
     let spec = recorded::spec_for_thread(&thread, &args.agent)?;

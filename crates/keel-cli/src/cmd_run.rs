@@ -74,17 +74,25 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         return Ok(code);
     }
     let built = spec.build(0).await?;
-    let store = args.store.events().await?;
+    let opened = args.store.open().await?;
+    let mut thread = load_or_new(opened.events.as_ref(), args.thread.as_deref()).await?;
+    // The same lease a worker takes: no other driver drives this thread meanwhile.
+    let claim =
+        keel_app::claim::ThreadClaim::take(opened.events, opened.queue, thread.id(), "keel run")
+            .await
+            .map_err(|e| CliError::failure(e.to_string()))?;
+    let store = claim.store();
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
     let context = spec.context(&built, store.clone(), output, true, cancel);
-    let mut thread = load_or_new(store.as_ref(), args.thread.as_deref()).await?;
     let message = Message::user(message);
     let outcome = built
         .agent
         .run(vec![message], &mut thread, &context)
         .await
-        .map_err(agents::run_error)?;
+        .map_err(agents::run_error);
+    claim.release().await;
+    let outcome = outcome?;
     if let Some(path) = &args.record {
         crate::cmd_replay::record(store.as_ref(), &outcome.thread_id, &outcome.run_id, path)
             .await?;

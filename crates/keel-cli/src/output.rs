@@ -36,6 +36,11 @@ pub struct TextPrinter;
 static STDOUT_MID_LINE: AtomicBool = AtomicBool::new(false);
 
 impl RunObserver for TextPrinter {
+    /// The terminal shows each step as it happens, durable or staged.
+    fn live(&self) -> bool {
+        true
+    }
+
     fn on_event(&self, event: &Event) {
         match &event.kind {
             EventKind::ToolCallRequested { call, .. } => {

@@ -7,11 +7,12 @@
 //! Checked for every run:
 //! - 100% finish: the final resume reports `done` with the scripted answer;
 //! - 0 lost events: after every kill the log read back through the store is the log seen
-//!   before that process started plus new events, seq contiguous; every event the killed
-//!   process reported on its live output (`→ tool` / `← tool` / `[end]` lines, which the
-//!   CLI prints only after the append returned) is in it; every side effect in the
-//!   `test_append` log has its `tool_call_started` in the log; the final log keeps all of
-//!   it;
+//!   before that process started plus new events, seq contiguous; the tool calls and
+//!   results the killed process showed on its live output (`→ tool` / `← tool` lines,
+//!   printed as the run folds them) agree in order with those in the log, and a run it
+//!   reported ended (`[end]`, printed only after the append returned) is in it; every side
+//!   effect in the `test_append` log has its `tool_call_started` in the log (the durability
+//!   rule); the final log keeps all of it;
 //! - 0 mutating calls twice: counted by `test_append` itself (one line per execution,
 //!   keyed by the idempotency key) — a call reported `ok` ran exactly once, an interrupted
 //!   one at most once, and its result tells the model the key;
@@ -218,7 +219,7 @@ struct Tally {
     done: usize,
     /// Events in the final logs, all checked.
     events: usize,
-    /// Events a killed process reported as appended, each found in the log.
+    /// Events a killed process showed on its live output, each consistent with the log.
     reported: usize,
     /// `test_append` calls that ran exactly once and reported ok.
     mutating_ok: usize,
@@ -440,7 +441,7 @@ fn report(target: &Target, tally: &Tally, required: usize, elapsed: Duration) {
          runs:       {runs} (+1 calibration), {done} finished done after resume ({pct:.0}%)\n\
          run kills:  {mid} mid-run; by phase: {run_phases}; {exited} exited before their kill time\n\
          resumes:    {resumes} started, {resume_kills} killed ({resume_phases}); {reruns} runs restarted (killed before their first event); {refused} refused by a killed process's late commit and retried\n\
-         events:     {events} in the final logs, seq contiguous; {reported} reported by killed processes, all found; {late} committed after their process's kill; 0 lost\n\
+         events:     {events} in the final logs, seq contiguous; {reported} shown by killed processes, consistent with the log; {late} committed after their process's kill; 0 lost\n\
          mutating:   {ok} test_append calls ran exactly once, {interrupted} cut by a kill and never repeated; {side} executions logged by the tool; 0 twice\n\
          time:       {secs:.1} s ({per:.0} ms per run)",
         store = target.label,
@@ -613,11 +614,11 @@ fn after_kill(
             new.iter().map(|e| e.kind.name()).collect::<Vec<_>>()
         )
     };
-    assert!(
-        reported.requested.len() <= requested.len(),
-        "{}",
-        lost("a tool_call_requested")
-    );
+    // The terminal prints each event as the run folds it (a live observer), so a tool call
+    // or result it showed may still have been staged when the process died — the durability
+    // rule makes it durable only before an effect depends on it (checked below: every side
+    // effect has its start in the log) or the run ends. What is in the log agrees with what
+    // was shown, in order; a run reported ended is in the log.
     for (shown, stored) in reported.requested.iter().zip(&requested) {
         assert!(
             stored.starts_with(shown.as_str()),
@@ -625,11 +626,6 @@ fn after_kill(
             lost("a tool call")
         );
     }
-    assert!(
-        reported.finished.len() <= finished.len(),
-        "{}",
-        lost("a tool_call_finished")
-    );
     for (shown, stored) in reported.finished.iter().zip(&finished) {
         assert!(
             stored.starts_with(shown.as_str()),

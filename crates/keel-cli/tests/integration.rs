@@ -29,6 +29,7 @@ mod providers_e2e;
 mod resume_failed;
 mod resume_recorded;
 mod run_cli;
+mod second_driver;
 mod serve_shutdown;
 mod serve_worker_credentials;
 mod serving_guards;

@@ -13,8 +13,18 @@ use tokio::sync::mpsc;
 /// Called inline by the runner: implementations must be quick and must not block (hand
 /// heavy work to a channel or a background task).
 pub trait RunObserver: Send + Sync {
-    /// A durable event was appended.
+    /// An event was appended (durable) — or, for a [`RunObserver::live`] observer, folded
+    /// into the run's state (it may still be staged: see the journal's durability rule).
     fn on_event(&self, event: &Event);
+
+    /// Whether this observer hears of each event as soon as the run folds it, before it is
+    /// durable (a terminal printing a run's progress, an in-process stream), instead of when
+    /// it is written (telemetry, anything another process reads back). Under the default
+    /// durability a read-only step is written only with the next durable point; a live
+    /// observer still sees each of its events as it happens, once. Default: `false`.
+    fn live(&self) -> bool {
+        false
+    }
 
     /// A streamed piece of a model answer (text deltas, tool-call fragments, retries).
     fn on_stream(&self, _thread_id: &str, _run_id: &str, _event: &StreamEvent) {}
@@ -24,7 +34,8 @@ pub trait RunObserver: Send + Sync {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RunUpdate {
-    /// An appended event.
+    /// An event of the run, as the run folds it (the channel observer is
+    /// [`RunObserver::live`]: a staged event arrives before it is durable).
     Event(Arc<Event>),
     /// A stream fragment.
     Stream(StreamEvent),
@@ -72,6 +83,11 @@ impl RunObserver for ChannelObserver {
     fn on_event(&self, event: &Event) {
         // A closed receiver only means nobody listens any more.
         let _ = self.sender.send(RunUpdate::Event(Arc::new(event.clone())));
+    }
+
+    /// A stream of a run in this process shows each step as it happens.
+    fn live(&self) -> bool {
+        true
     }
 
     fn on_stream(&self, _thread_id: &str, _run_id: &str, event: &StreamEvent) {

@@ -18,7 +18,8 @@
 //! A staged run still writes before its [`MAX_STAGED_MODEL_CALLS`]th model call, which
 //! bounds what a crash costs; `RunDurability::Steps` (per agent) also writes before every
 //! model call, for viewers in another process that watch each step as it happens.
-//! Observers hear of staged events when they are written.
+//! Observers hear of staged events when they are written — live ones
+//! ([`crate::RunObserver::live`]: a terminal, an in-process stream) when they are staged.
 //!
 //! If the append carrying staged events fails, the thread's folded state is ahead of its
 //! log: it is marked diverged and the next run or resume reloads it from the store.
@@ -180,11 +181,15 @@ impl<'a> Journal<'a> {
         let (state, run_events) = self.thread.parts_mut();
         let fold_from = run_events.len().saturating_sub(fresh_len);
         for (index, event) in run_events.iter().enumerate().skip(start) {
-            if index >= fold_from {
+            let fresh = index >= fold_from;
+            if fresh {
                 state.apply(event);
             }
+            // Live observers heard of the staged events when they were staged.
             for observer in &self.ctx.observers {
-                observer.on_event(event);
+                if fresh || !observer.live() {
+                    observer.on_event(event);
+                }
             }
         }
         Ok(())
@@ -206,6 +211,9 @@ impl<'a> Journal<'a> {
         let (state, run_events) = self.thread.parts_mut();
         for event in &events {
             state.apply(event);
+            for observer in self.ctx.observers.iter().filter(|o| o.live()) {
+                observer.on_event(event);
+            }
         }
         run_events.extend(events.into_iter().map(Arc::new));
     }

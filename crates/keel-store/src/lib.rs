@@ -77,7 +77,8 @@ pub use keel_core::store::{
 pub use open::{OpenedStore, open, open_run_queue, open_store};
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use queue::{
-    JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue,
+    CLAIM_KEY, JobId, JobInfo, JobState, Lease, MemoryRunQueue, QueueCounts, QueueError, RunQueue,
+    claim_holder, claim_payload,
 };
 pub use serving::{
     ApiKeyInfo, MemoryServingStore, NewApiKey, ServingStore, ServingStoreError, valid_tenant,

@@ -155,13 +155,14 @@ queue_cases!(
     queue_thread_jobs_serialized_under_concurrency,
     queue_retry_later_and_fail,
     queue_invalid_arguments,
+    queue_claims_exclude_other_drivers,
 );
 
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
     assert_eq!(conformance::EVENT_CASES.len(), 21);
-    assert_eq!(conformance::QUEUE_CASES.len(), 8);
+    assert_eq!(conformance::QUEUE_CASES.len(), 9);
 }
 
 /// `run_all` drives every case through a factory.

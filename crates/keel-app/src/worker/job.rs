@@ -167,6 +167,12 @@ pub(super) async fn drive<A: JobAgents>(
     cancel: CancellationToken,
 ) -> Result<String, JobFailure> {
     use JobFailure::{Permanent, Transient, Wait};
+    if let Some(holder) = keel_store::claim_holder(&payload) {
+        // The lease a command outside the queue took on the thread ([`crate::claim`]),
+        // left to expire when it died: closing it frees the thread for its next job (the
+        // run it drove is continued by the next `keel resume`, or by a job of its own).
+        return Ok(format!("closed the expired claim of {holder}"));
+    }
     let job: JobPayload<A::Spec> =
         serde_json::from_value(payload).map_err(|e| Permanent(format!("bad job payload: {e}")))?;
     // The log is read once; the thread keeps its latest run's events.

@@ -156,6 +156,11 @@ pub fn shorten(text: &str, max: usize) -> String {
 }
 
 impl RunObserver for ChatPrinter {
+    /// The terminal shows each step as it happens, durable or staged.
+    fn live(&self) -> bool {
+        true
+    }
+
     fn on_event(&self, event: &Event) {
         let mut state = self.lock();
         match &event.kind {

@@ -529,3 +529,175 @@ pub async fn queue_invalid_arguments(queue: Arc<dyn RunQueue>) -> R {
         || "unknown job found".into(),
     )
 }
+
+fn held<T: std::fmt::Debug>(r: &Result<T, QueueError>) -> bool {
+    matches!(r, Err(QueueError::Held { .. }))
+}
+
+/// A driver outside the queue claims a thread under the same one-lease-per-thread rule as
+/// workers: a second claim, a worker's acquire and a claim on a thread with a queued or
+/// leased job are refused (naming the holder); an expired claim is taken over by the next
+/// claim (never an expired worker lease); a completed claim frees the thread; and a worker
+/// that leases an expired claim gets the claim's payload, which names its holder.
+pub async fn queue_claims_exclude_other_drivers(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_claims_exclude_other_drivers";
+    let first = queue
+        .claim("c-1", "keel resume (pid 1)", LONG, None)
+        .await
+        .map_err(backend(C, "claim"))?;
+    ensure_eq(
+        C,
+        "claim holder",
+        first.worker_id.as_str(),
+        "keel resume (pid 1)",
+    )?;
+    ensure_eq(
+        C,
+        "claim payload",
+        crate::queue::claim_holder(&first.payload),
+        Some("keel resume (pid 1)"),
+    )?;
+    let second = queue.claim("c-1", "keel approve (pid 2)", LONG, None).await;
+    ensure(C, held(&second), || format!("a second claim: {second:?}"))?;
+    if let Err(QueueError::Held { message, .. }) = &second {
+        ensure(C, message.contains("keel resume (pid 1)"), || {
+            format!("the refusal does not name the holder: {message}")
+        })?;
+    }
+    // A job enqueued meanwhile waits behind the claim; no worker leases the thread.
+    let queued = queue
+        .enqueue("c-1", &json!({"n": 1}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let leased = queue
+        .acquire("w1", LONG)
+        .await
+        .map_err(backend(C, "acquire"))?;
+    ensure(C, leased.is_none(), || {
+        format!("a worker leased a claimed thread: {leased:?}")
+    })?;
+    queue
+        .renew(&first, LONG)
+        .await
+        .map_err(backend(C, "renew"))?;
+    queue
+        .complete(&first)
+        .await
+        .map_err(backend(C, "complete"))?;
+    // Now the queued job is the thread's: a claim is refused while it waits or runs.
+    let waiting = queue.claim("c-1", "keel resume (pid 3)", LONG, None).await;
+    ensure(C, held(&waiting), || {
+        format!("claim over a queued job: {waiting:?}")
+    })?;
+    let job = queue
+        .acquire("w1", Duration::from_millis(300))
+        .await
+        .map_err(backend(C, "acquire"))?
+        .ok_or_else(|| fail(C, "the queued job was not leased after the claim ended"))?;
+    ensure_eq(C, "job", job.job_id, queued)?;
+    let running = queue.claim("c-1", "keel resume (pid 3)", LONG, None).await;
+    ensure(C, held(&running), || {
+        format!("claim over a leased job: {running:?}")
+    })?;
+    // An expired worker lease is not taken over by a claim (a worker continues it).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let expired = queue.claim("c-1", "keel resume (pid 3)", LONG, None).await;
+    ensure(C, held(&expired), || {
+        format!("claim took over an expired worker lease: {expired:?}")
+    })?;
+    let job = queue
+        .acquire("w2", LONG)
+        .await
+        .map_err(backend(C, "acquire"))?
+        .ok_or_else(|| fail(C, "expired job not taken over by a worker"))?;
+    queue.complete(&job).await.map_err(backend(C, "complete"))?;
+    // An expired claim (its driver died) is taken over by the next claim.
+    let dead = queue
+        .claim(
+            "c-2",
+            "keel resume (pid 4)",
+            Duration::from_millis(300),
+            None,
+        )
+        .await
+        .map_err(backend(C, "claim"))?;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let next = queue
+        .claim("c-2", "keel resume (pid 5)", LONG, None)
+        .await
+        .map_err(backend(C, "claim over an expired claim"))?;
+    ensure_eq(C, "taken-over job", next.job_id, dead.job_id)?;
+    ensure(C, next.token > dead.token, || {
+        "token did not increase".into()
+    })?;
+    let r = queue.complete(&dead).await;
+    ensure(C, lost(&r), || format!("stale claim completed: {r:?}"))?;
+    queue
+        .complete(&next)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let free = queue
+        .claim("c-2", "keel resume (pid 6)", LONG, None)
+        .await
+        .map_err(backend(C, "claim after complete"))?;
+    queue
+        .complete(&free)
+        .await
+        .map_err(backend(C, "complete"))?;
+    // A live claim whose holder the caller knows is dead is taken over at once.
+    let crashed = queue
+        .claim("c-4", "keel run (pid 8)", LONG, None)
+        .await
+        .map_err(backend(C, "claim"))?;
+    let other = queue
+        .claim(
+            "c-4",
+            "keel resume (pid 9)",
+            LONG,
+            Some("keel run (pid 1000)"),
+        )
+        .await;
+    ensure(C, held(&other), || {
+        format!("a live claim was taken over for another dead holder: {other:?}")
+    })?;
+    let after_crash = queue
+        .claim("c-4", "keel resume (pid 9)", LONG, Some("keel run (pid 8)"))
+        .await
+        .map_err(backend(C, "claim over a dead holder"))?;
+    ensure_eq(C, "taken-over job", after_crash.job_id, crashed.job_id)?;
+    let r = queue.renew(&crashed, LONG).await;
+    ensure(C, lost(&r), || {
+        format!("the dead holder's lease still renews: {r:?}")
+    })?;
+    queue
+        .complete(&after_crash)
+        .await
+        .map_err(backend(C, "complete"))?;
+    // A worker may lease an expired claim: it sees the claim's payload.
+    let abandoned = queue
+        .claim(
+            "c-3",
+            "keel resume (pid 7)",
+            Duration::from_millis(300),
+            None,
+        )
+        .await
+        .map_err(backend(C, "claim"))?;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let swept = queue
+        .acquire("w3", LONG)
+        .await
+        .map_err(backend(C, "acquire"))?
+        .ok_or_else(|| fail(C, "an expired claim was not leased by a worker"))?;
+    ensure_eq(C, "swept job", swept.job_id, abandoned.job_id)?;
+    ensure(
+        C,
+        crate::queue::claim_holder(&swept.payload).is_some(),
+        || format!("the worker cannot tell a claim: {:?}", swept.payload),
+    )?;
+    queue
+        .complete(&swept)
+        .await
+        .map_err(backend(C, "complete"))?;
+    Ok(())
+}

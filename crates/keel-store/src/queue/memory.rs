@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, capped_error, check_worker,
-    delay_ns, ttl_ns,
+    Holding, JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, capped_error,
+    check_claim, check_worker, claim_payload, delay_ns, ttl_ns,
 };
 
 #[derive(Debug)]
@@ -216,5 +216,70 @@ impl RunQueue for MemoryRunQueue {
             counts.add(job.state, 1);
         }
         Ok(counts)
+    }
+
+    async fn claim(
+        &self,
+        thread_id: &str,
+        holder: &str,
+        ttl: Duration,
+        dead_holder: Option<&str>,
+    ) -> Result<Lease, QueueError> {
+        check_claim(thread_id, holder)?;
+        let expires_at = expiry(ttl)?;
+        let now = Utc::now();
+        let mut inner = self.lock();
+        let holding = inner
+            .jobs
+            .iter()
+            .find(|(_, job)| job.active() && job.thread_id == thread_id)
+            .map(|(id, job)| Holding {
+                job_id: *id,
+                state: job.state,
+                worker_id: job.worker_id.clone(),
+                expired: job.expires_at.is_some_and(|at| at <= now),
+                payload: job.payload.clone(),
+            });
+        let id = match holding {
+            Some(holding) if holding.taken_over_by_claim(dead_holder) => holding.job_id,
+            Some(holding) => return Err(holding.refusal(thread_id)),
+            None => {
+                inner.next_id += 1;
+                let id = inner.next_id;
+                inner.jobs.insert(
+                    id,
+                    Job {
+                        thread_id: thread_id.to_string(),
+                        payload: Value::Null,
+                        state: JobState::Leased,
+                        worker_id: None,
+                        token: 0,
+                        expires_at: None,
+                        ready_at: None,
+                        attempts: 0,
+                        error: None,
+                    },
+                );
+                id
+            }
+        };
+        let Some(job) = inner.jobs.get_mut(&id) else {
+            return Err(QueueError::Backend(format!("claimed job {id} vanished")));
+        };
+        job.payload = claim_payload(holder);
+        job.state = JobState::Leased;
+        job.worker_id = Some(holder.to_string());
+        job.token += 1;
+        job.expires_at = Some(expires_at);
+        job.attempts += 1;
+        Ok(Lease {
+            job_id: id,
+            thread_id: thread_id.to_string(),
+            payload: job.payload.clone(),
+            worker_id: holder.to_string(),
+            token: job.token,
+            expires_at,
+            attempts: job.attempts,
+        })
     }
 }

@@ -49,6 +49,18 @@ pub enum QueueError {
         /// The stale fencing token.
         token: u64,
     },
+    /// [`RunQueue::claim`] refused: another driver holds the thread, or a worker will.
+    #[error("{message}")]
+    Held {
+        /// The thread.
+        thread_id: String,
+        /// The job that holds it.
+        job_id: JobId,
+        /// Who holds it (a worker id, or a claim's holder: process, host, since when).
+        holder: Option<String>,
+        /// The whole explanation, naming the holder and what to do.
+        message: String,
+    },
     /// A bad argument (names the field).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -62,6 +74,7 @@ impl QueueError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::LeaseLost { .. } => "lease_lost",
+            Self::Held { .. } => "thread_held",
             Self::InvalidArgument(_) => "invalid_argument",
             Self::Backend(_) => "backend",
         }
@@ -207,6 +220,91 @@ pub trait RunQueue: Send + Sync {
 
     /// Jobs per state.
     async fn counts(&self) -> Result<QueueCounts, QueueError>;
+
+    /// Takes the lease of `thread_id` for a driver outside the queue (`keel resume`,
+    /// `approve`, `deny`, `reply`, a UI's resume): a job row of its own, leased to
+    /// `holder` for `ttl` ([`claim_payload`]), renewed and completed like any lease. The
+    /// same one-lease-per-thread rule as workers', so two drivers never drive one thread:
+    /// refused with [`QueueError::Held`] naming the holder while the thread has a live
+    /// lease or a job queued for a worker (which will drive it). An expired claim — its
+    /// driver died — is taken over; an expired worker lease is not (a worker continues
+    /// its job, message and all). A worker that leases an expired claim closes it.
+    /// `dead_holder` names a claim's holder the caller knows has died (a process of this
+    /// machine that is gone): that claim is taken over at once, expired or not.
+    async fn claim(
+        &self,
+        thread_id: &str,
+        holder: &str,
+        ttl: Duration,
+        dead_holder: Option<&str>,
+    ) -> Result<Lease, QueueError> {
+        let _ = (holder, ttl, dead_holder);
+        Err(QueueError::Backend(format!(
+            "this run queue cannot claim thread {thread_id} for a driver outside the queue"
+        )))
+    }
+}
+
+/// The payload key of a claim's job row ([`RunQueue::claim`]).
+pub const CLAIM_KEY: &str = "keel_claim";
+
+/// The payload of a claim's job row: who holds it.
+pub fn claim_payload(holder: &str) -> Value {
+    serde_json::json!({ CLAIM_KEY: { "holder": holder } })
+}
+
+/// The holder, when `payload` is a claim's ([`claim_payload`]).
+pub fn claim_holder(payload: &Value) -> Option<&str> {
+    payload.get(CLAIM_KEY)?.get("holder")?.as_str()
+}
+
+/// What a claim found holding its thread: an active job of it.
+pub(crate) struct Holding {
+    pub(crate) job_id: JobId,
+    pub(crate) state: JobState,
+    pub(crate) worker_id: Option<String>,
+    pub(crate) expired: bool,
+    pub(crate) payload: Value,
+}
+
+impl Holding {
+    /// Whether a claim may take this job over: a claim that expired, or whose holder is
+    /// `dead_holder` (a driver known to have died).
+    pub(crate) fn taken_over_by_claim(&self, dead_holder: Option<&str>) -> bool {
+        let Some(holder) = claim_holder(&self.payload) else {
+            return false;
+        };
+        self.state == JobState::Leased && (self.expired || dead_holder == Some(holder))
+    }
+
+    /// The refusal of a claim on `thread_id`, naming the holder and what to do.
+    pub(crate) fn refusal(self, thread_id: &str) -> QueueError {
+        let holder = claim_holder(&self.payload)
+            .map(str::to_string)
+            .or(self.worker_id.clone());
+        let who = holder.clone().unwrap_or_else(|| "a worker".into());
+        let job_id = self.job_id;
+        let message = match (self.state, self.expired) {
+            (JobState::Leased, false) => format!(
+                "thread {thread_id} is being driven by {who} (job {job_id}): two drivers never \
+                 drive one thread; wait until it finishes, or stop that process"
+            ),
+            (JobState::Leased, true) => format!(
+                "thread {thread_id}'s job {job_id} was leased by {who}, whose lease expired: a \
+                 worker will continue it (start `keel worker` if none runs)"
+            ),
+            _ => format!(
+                "thread {thread_id} has job {job_id} queued for a worker, which will drive it \
+                 (start `keel worker` if none runs)"
+            ),
+        };
+        QueueError::Held {
+            thread_id: thread_id.to_string(),
+            job_id,
+            holder,
+            message,
+        }
+    }
 }
 
 pub(crate) fn ttl_ns(ttl: Duration) -> Result<i64, QueueError> {
@@ -250,6 +348,16 @@ pub(crate) fn check_worker(worker_id: &str) -> Result<(), QueueError> {
         ));
     }
     Ok(())
+}
+
+/// The arguments of [`RunQueue::claim`]: a thread and a holder, neither empty.
+pub(crate) fn check_claim(thread_id: &str, holder: &str) -> Result<(), QueueError> {
+    if thread_id.is_empty() {
+        return Err(QueueError::InvalidArgument(
+            "thread_id must not be empty".into(),
+        ));
+    }
+    check_worker(holder)
 }
 
 pub(crate) fn to_u64(value: i64) -> u64 {

@@ -14,8 +14,8 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, capped_error,
-    check_worker, delay_ns, to_u32, to_u64, ttl_ns,
+    Holding, JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend,
+    capped_error, check_claim, check_worker, claim_payload, delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::PostgresStore;
 
@@ -169,6 +169,119 @@ impl RunQueue for PostgresStore {
             counts.add(JobState::parse(&state)?, to_u64(n));
         }
         Ok(counts)
+    }
+
+    async fn claim(
+        &self,
+        thread_id: &str,
+        holder: &str,
+        ttl: Duration,
+        dead_holder: Option<&str>,
+    ) -> Result<Lease, QueueError> {
+        check_claim(thread_id, holder)?;
+        let body = serde_json::to_string(&claim_payload(holder))
+            .map_err(|e| backend("claim payload", e))?;
+        let micros = ttl_micros(ttl)?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| backend("postgres claim", e))?;
+        // The thread's oldest active job, locked; expiry on the database's clock.
+        let row = sqlx::query(
+            "SELECT job_id, state, worker_id, (lease_expires_at <= now()) AS expired, \
+             payload::text AS payload FROM run_queue \
+             WHERE thread_id = $1 AND state IN ('queued', 'leased') ORDER BY job_id LIMIT 1 FOR UPDATE",
+        )
+        .bind(thread_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| backend("postgres claim lookup", e))?;
+        let holding = match row {
+            Some(row) => {
+                let decode = |e: sqlx::Error| backend("postgres decode claim", e);
+                let state: String = row.try_get("state").map_err(decode)?;
+                let payload: String = row.try_get("payload").map_err(decode)?;
+                Some(Holding {
+                    job_id: row.try_get("job_id").map_err(decode)?,
+                    state: JobState::parse(&state)?,
+                    worker_id: row.try_get("worker_id").map_err(decode)?,
+                    expired: row
+                        .try_get::<Option<bool>, _>("expired")
+                        .map_err(decode)?
+                        .unwrap_or(false),
+                    payload: serde_json::from_str(&payload).unwrap_or(Value::Null),
+                })
+            }
+            None => None,
+        };
+        let claimed = match holding {
+            Some(holding) if holding.taken_over_by_claim(dead_holder) => {
+                sqlx::query(
+                    "UPDATE run_queue SET worker_id = $1, payload = $2::text::json, \
+                     lease_token = lease_token + 1, \
+                     lease_expires_at = now() + ($3::float8 * interval '1 microsecond'), \
+                     attempts = attempts + 1, updated_at = now() WHERE job_id = $4 \
+                     RETURNING job_id, thread_id, payload::text AS payload, lease_token, lease_expires_at, attempts",
+                )
+                .bind(holder)
+                .bind(&body)
+                .bind(micros)
+                .bind(holding.job_id)
+                .fetch_one(&mut *tx)
+                .await
+            }
+            Some(holding) => {
+                // Ended now, not when the dropped transaction's rollback gets its turn: until
+                // then the row lock would hide the job from workers (`SKIP LOCKED`).
+                tx.rollback()
+                    .await
+                    .map_err(|e| backend("postgres claim rollback", e))?;
+                return Err(holding.refusal(thread_id));
+            }
+            None => {
+                sqlx::query(
+                    "INSERT INTO run_queue (thread_id, payload, state, worker_id, lease_token, \
+                     lease_expires_at, attempts) VALUES ($1, $2::text::json, 'leased', $3, 1, \
+                     now() + ($4::float8 * interval '1 microsecond'), 1) \
+                     RETURNING job_id, thread_id, payload::text AS payload, lease_token, lease_expires_at, attempts",
+                )
+                .bind(thread_id)
+                .bind(&body)
+                .bind(holder)
+                .bind(micros)
+                .fetch_one(&mut *tx)
+                .await
+            }
+        };
+        let row = match claimed {
+            Ok(row) => row,
+            // Another driver or a worker leased the thread between the lookup and the
+            // insert: the unique index on one lease per thread refused this one.
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                tx.rollback()
+                    .await
+                    .map_err(|e| backend("postgres claim rollback", e))?;
+                return Err(QueueError::Held {
+                    thread_id: thread_id.to_string(),
+                    job_id: 0,
+                    holder: None,
+                    message: format!(
+                        "thread {thread_id} was leased by another driver at the same moment: \
+                         two drivers never drive one thread; try again once it finishes"
+                    ),
+                });
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(backend("postgres claim", e));
+            }
+        };
+        let lease = lease_from_row(&row, holder)?;
+        tx.commit()
+            .await
+            .map_err(|e| backend("postgres claim commit", e))?;
+        Ok(lease)
     }
 }
 

@@ -14,8 +14,8 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{
-    JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend, capped_error,
-    check_worker, delay_ns, to_u32, to_u64, ttl_ns,
+    Holding, JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend,
+    capped_error, check_claim, check_worker, claim_payload, delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::SqliteStore;
 
@@ -203,6 +203,93 @@ impl RunQueue for SqliteStore {
             counts.add(JobState::parse(&state)?, to_u64(n));
         }
         Ok(counts)
+    }
+
+    async fn claim(
+        &self,
+        thread_id: &str,
+        holder: &str,
+        ttl: Duration,
+        dead_holder: Option<&str>,
+    ) -> Result<Lease, QueueError> {
+        check_claim(thread_id, holder)?;
+        let now = now_ns();
+        let expires = now.saturating_add(ttl_ns(ttl)?);
+        let body = serde_json::to_string(&claim_payload(holder))
+            .map_err(|e| backend("claim payload", e))?;
+        let (thread, worker) = (thread_id.to_string(), holder.to_string());
+        let dead_holder = dead_holder.map(str::to_string);
+        // One closure on the writer thread: what holds the thread is read and the claim
+        // written with no other write in between (SQLite serializes writers; the unique
+        // index on one lease per thread backs it up across processes).
+        let claimed = self
+            .writer
+            .call(AppendDurability::Default, move |conn: &Connection| {
+                let holding = conn
+                    .prepare_cached(
+                        "SELECT job_id, state, worker_id, lease_expires_at, payload FROM run_queue \
+                         WHERE thread_id = ?1 AND state IN ('queued', 'leased') ORDER BY job_id LIMIT 1",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.query_row(params![thread], |row| {
+                            Ok((
+                                row.get::<_, i64>(0)?,
+                                row.get::<_, String>(1)?,
+                                row.get::<_, Option<String>>(2)?,
+                                row.get::<_, Option<i64>>(3)?,
+                                row.get::<_, String>(4)?,
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(|e| backend("sqlite claim lookup", e))?;
+                let holding = holding
+                    .map(|(job_id, state, worker_id, expires_at, payload)| {
+                        Ok::<_, QueueError>(Holding {
+                            job_id,
+                            state: JobState::parse(&state)?,
+                            worker_id,
+                            expired: expires_at.is_some_and(|at| at <= now),
+                            payload: serde_json::from_str(&payload).unwrap_or(Value::Null),
+                        })
+                    })
+                    .transpose()?;
+                let raw = match holding {
+                    Some(holding) if holding.taken_over_by_claim(dead_holder.as_deref()) => conn
+                        .prepare_cached(
+                            "UPDATE run_queue SET worker_id = ?1, payload = ?2, lease_token = lease_token + 1, \
+                             lease_expires_at = ?3, attempts = attempts + 1, updated_at = ?4 WHERE job_id = ?5 \
+                             RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
+                        )
+                        .and_then(|mut stmt| {
+                            stmt.query_row(
+                                params![worker, body, expires, now, holding.job_id],
+                                |row| lease_from_row(row, &worker),
+                            )
+                        })
+                        .map_err(|e| backend("sqlite claim takeover", e))?,
+                    Some(holding) => return Ok::<_, QueueError>(Err(holding)),
+                    None => conn
+                        .prepare_cached(
+                            "INSERT INTO run_queue (thread_id, payload, state, worker_id, lease_token, \
+                             lease_expires_at, attempts, enqueued_at, updated_at) \
+                             VALUES (?1, ?2, 'leased', ?3, 1, ?4, 1, ?5, ?5) \
+                             RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
+                        )
+                        .and_then(|mut stmt| {
+                            stmt.query_row(params![thread, body, worker, expires, now], |row| {
+                                lease_from_row(row, &worker)
+                            })
+                        })
+                        .map_err(|e| backend("sqlite claim", e))?,
+                };
+                Ok::<_, QueueError>(Ok(raw))
+            })
+            .await?;
+        match claimed {
+            Ok(raw) => raw.into_lease(),
+            Err(holding) => Err(holding.refusal(thread_id)),
+        }
     }
 }
 
