@@ -3,10 +3,12 @@
 //! folded state — so a crashed run resumes by loading the log and calling this again.
 //!
 //! Submodules: [`model_call`] (one model call, streamed, including the structured
-//! planner's action parsing) and [`tools`] (executing a turn's calls with control tools,
-//! the policy engine, fallbacks and observation critiques).
+//! planner's action parsing), [`tools`] (executing a turn's calls with control tools,
+//! the policy engine and observation critiques) and [`recovery`] (what a call's start
+//! records, fallbacks as calls of their own, and settling what may have happened).
 
 mod model_call;
+mod recovery;
 mod tools;
 
 pub use model_call::{FirstToken, stream_event_record};
@@ -448,7 +450,7 @@ fn unanswered_outcome(journal: &Journal<'_>, pending: &PendingCall, because: &st
         .and_then(|fallback| fallback.start.as_ref())
         .or(pending.start.as_ref())
         .and_then(|start| start.idempotency_key.clone())
-        .unwrap_or_else(|| format!("{}:{}", journal.thread_id(), call.id));
+        .unwrap_or_else(|| recovery::default_key(journal, &call.id));
     let mut outcome = error_outcome(
         journal,
         call,
@@ -459,11 +461,7 @@ fn unanswered_outcome(journal: &Journal<'_>, pending: &PendingCall, because: &st
         ),
     );
     if let ToolResultKind::Error { details, .. } = &mut outcome.result {
-        *details = Some(serde_json::json!({
-            "interrupted": true,
-            "may_have_run": true,
-            "idempotency_key": key,
-        }));
+        *details = Some(recovery::may_have_run_details(&key));
     }
     outcome
 }

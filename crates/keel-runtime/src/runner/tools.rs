@@ -11,11 +11,15 @@ use keel_core::event::{CriticNext, new_span_id};
 use keel_core::observation::render_for_model;
 use keel_core::planner::{ASK_USER, AskUserArgs, REPLAN, ReplanArgs};
 use keel_core::policy::{PolicyContext, PolicyDecision, missing_required_fields};
-use keel_core::state::{PendingCall, RecordedFallback, RecordedStart};
+use keel_core::state::PendingCall;
 use keel_core::{
-    Effect, EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind,
+    EndState, EventKind, Message, ToolCall, ToolErrorCode, ToolOutcome, ToolResultKind,
 };
 
+use super::recovery::{
+    call_started, is_read_only, may_have_run, recorded_key, repeat_on_resume, resume_fallback,
+    run_fallback, settle_interrupted,
+};
 use super::{error_outcome, ok_outcome, tool_finished};
 use crate::context::{ApprovalDecision, ApprovalMode};
 use crate::executor::{CallEnv, CallExtras};
@@ -189,7 +193,7 @@ pub(super) async fn execute_tools(
             })
             .collect();
         let mut outcome = execution.outcome;
-        mark_unknown_outcome(agent, &mut outcome);
+        super::recovery::mark_unknown_outcome(agent, &mut outcome);
         let mut decision = decide_policy(agent, journal, &call, &outcome, false);
         if let Some(PolicyDecision::Fallback { tool }) = &decision {
             let tool = tool.clone();
@@ -354,7 +358,7 @@ pub(super) fn past_calls<'a>(
 /// What the run lends the turn's tools: its trace, each call's span (the span of its
 /// `tool_call_started`, new or — for a call resumed after a crash — recorded), and the
 /// run context.
-fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallExtras {
+pub(super) fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallExtras {
     let recorded = journal.run_events().iter().map(|e| (&e.kind, &e.span_id));
     let mut spans = std::collections::HashMap::new();
     let mut keys = std::collections::HashMap::new();
@@ -381,273 +385,10 @@ fn call_extras(journal: &Journal<'_>, started: &[(EventKind, String)]) -> CallEx
     }
 }
 
-/// Whether a call of this tool may run again after an interruption, as the tool is now:
-/// it is not mutating, or it is mutating behind an idempotency key it honours (an unknown
-/// tool is never run, so repeating it is harmless).
-fn repeatable_now(agent: &ToolAgent, name: &str) -> bool {
-    agent
-        .executor
-        .spec(name)
-        .is_none_or(|spec| spec.effect != Effect::Mutating || spec.honours_idempotency_key)
-}
-
-/// Whether a call that started and never finished runs again on resume. What its start
-/// recorded governs: a call recorded as not repeatable is never repeated, whatever the
-/// tool's spec says now (a relaxed effect does not re-run a started payment). A call whose
-/// start predates that record is judged by the tool as it is now.
-fn repeat_on_resume(agent: &ToolAgent, name: &str, recorded: Option<&RecordedStart>) -> bool {
-    repeatable_now(agent, name) && recorded.is_none_or(|start| start.repeatable)
-}
-
-/// Whether calls of this tool only read: their starts may be staged.
-fn is_read_only(agent: &ToolAgent, name: &str) -> bool {
-    agent
-        .executor
-        .spec(name)
-        .is_none_or(|spec| spec.effect == Effect::ReadOnly)
-}
-
-/// The `ToolCallStarted` of a call (or of a fallback standing in for `fallback_for`),
-/// recording what governs a resume: the effect, whether repeating is harmless, and the
-/// idempotency key — fixed here, never derived again from a later model answer.
-fn call_started(
-    agent: &ToolAgent,
-    journal: &Journal<'_>,
-    call: &ToolCall,
-    fallback_for: Option<String>,
-) -> EventKind {
-    let spec = agent.executor.spec(&call.name);
-    let effect = spec.map(|s| s.effect);
-    let idempotency_key = effect
-        .filter(|effect| *effect != Effect::ReadOnly)
-        .map(|_| default_key(journal, &call.id));
-    EventKind::ToolCallStarted {
-        call_id: call.id.clone(),
-        name: call.name.clone(),
-        effect,
-        repeatable: repeatable_now(agent, &call.name),
-        idempotency_key,
-        fallback_for,
-    }
-}
-
-/// The idempotency key of a call whose start recorded none (read-only, or an older log).
-fn default_key(journal: &Journal<'_>, call_id: &str) -> String {
-    format!("{}:{call_id}", journal.thread_id())
-}
-
-/// The key a started call was given: the one its start recorded, else the default.
-fn recorded_key(journal: &Journal<'_>, pending: &PendingCall) -> String {
-    pending
-        .start
-        .as_ref()
-        .and_then(|start| start.idempotency_key.clone())
-        .unwrap_or_else(|| default_key(journal, &pending.call.id))
-}
-
-/// A call that is not read-only and timed out or was abandoned after it started may have
-/// taken effect: its outcome says so (`may_have_run`), and no fallback follows it.
-fn mark_unknown_outcome(agent: &ToolAgent, outcome: &mut ToolOutcome) {
-    if outcome.attempts == 0 || is_read_only(agent, &outcome.tool) {
-        return;
-    }
-    if let ToolResultKind::Error {
-        code: ToolErrorCode::Timeout | ToolErrorCode::Cancelled,
-        details,
-        ..
-    } = &mut outcome.result
-    {
-        let mut map = match details.take() {
-            Some(serde_json::Value::Object(map)) => map,
-            Some(other) => {
-                let mut map = serde_json::Map::new();
-                map.insert("tool_details".into(), other);
-                map
-            }
-            None => serde_json::Map::new(),
-        };
-        map.insert("may_have_run".into(), serde_json::Value::Bool(true));
-        *details = Some(serde_json::Value::Object(map));
-    }
-}
-
-/// Whether an outcome says its call may have taken effect.
-fn may_have_run(outcome: &ToolOutcome) -> bool {
-    matches!(
-        &outcome.result,
-        ToolResultKind::Error { details: Some(details), .. }
-            if details.get("may_have_run").and_then(serde_json::Value::as_bool) == Some(true)
-    )
-}
-
-/// Runs the fallback the policy chose for a failed call, as a call of its own: its start
-/// (own id, effect and key, `fallback_for` naming the call) is journalled — synchronously
-/// with everything before it when the fallback is not read-only, so it runs at most once
-/// even across a crash — then it runs through the executor. `batch` holds the failed
-/// call's retries and policy decision, journalled with the start.
-async fn run_fallback(
-    agent: &ToolAgent,
-    journal: &mut Journal<'_>,
-    call: &ToolCall,
-    tool: &str,
-    mut batch: Vec<(EventKind, String)>,
-    env: CallEnv<'_>,
-) -> Result<(ToolOutcome, Option<PolicyDecision>), RunError> {
-    let fallback_call = ToolCall {
-        id: format!("{}.fallback.{tool}", call.id),
-        name: tool.to_string(),
-        arguments: call.arguments.clone(),
-    };
-    let start = call_started(agent, journal, &fallback_call, Some(call.id.clone()));
-    let key = match &start {
-        EventKind::ToolCallStarted {
-            idempotency_key, ..
-        } => idempotency_key.clone(),
-        _ => None,
-    };
-    let span = new_span_id();
-    batch.push((start, span.clone()));
-    if is_read_only(agent, tool) {
-        journal.stage(batch);
-    } else {
-        journal
-            .append_batch_with(batch, keel_core::AppendDurability::Sync)
-            .await?;
-    }
-    Ok(execute_fallback(agent, journal, &fallback_call, key, span, env).await)
-}
-
-/// Executes a fallback call with its recorded key and span; its outcome is judged by the
-/// policy as a fallback's (no second fallback), and an unknown outcome is marked.
-async fn execute_fallback(
-    agent: &ToolAgent,
-    journal: &Journal<'_>,
-    fallback_call: &ToolCall,
-    key: Option<String>,
-    span: String,
-    env: CallEnv<'_>,
-) -> (ToolOutcome, Option<PolicyDecision>) {
-    let mut extras = env.extras.cloned().unwrap_or_default();
-    extras.spans.insert(fallback_call.id.clone(), span);
-    if let Some(key) = key {
-        extras.keys.insert(fallback_call.id.clone(), key);
-    }
-    let env = CallEnv {
-        extras: Some(&extras),
-        ..env
-    };
-    let mut outcome = agent.executor.execute(fallback_call, env).await.outcome;
-    mark_unknown_outcome(agent, &mut outcome);
-    let decision = decide_policy(agent, journal, fallback_call, &outcome, true)
-        .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
-    (outcome, decision)
-}
-
-/// Settles, on resume, a call whose fallback had started before the process stopped:
-/// the original is never run again. A fallback its start recorded as repeatable (and
-/// still is) runs again with its recorded key; any other is settled as interrupted —
-/// it may have run — and nothing else runs in its place.
-async fn resume_fallback(
-    agent: &ToolAgent,
-    journal: &mut Journal<'_>,
-    pending: PendingCall,
-    fallback: RecordedFallback,
-) -> Result<(), RunError> {
-    let call = pending.call;
-    let key = fallback
-        .start
-        .as_ref()
-        .and_then(|start| start.idempotency_key.clone())
-        .unwrap_or_else(|| default_key(journal, &fallback.call_id));
-    if !repeat_on_resume(agent, &fallback.name, fallback.start.as_ref()) {
-        let fallback_call = ToolCall {
-            id: fallback.call_id,
-            name: fallback.name,
-            arguments: call.arguments.clone(),
-        };
-        return settle_interrupted(agent, journal, call, Some(fallback_call), key).await;
-    }
-    let fallback_call = ToolCall {
-        id: fallback.call_id.clone(),
-        name: fallback.name.clone(),
-        arguments: call.arguments.clone(),
-    };
-    let ctx = journal.ctx().clone();
-    let thread_id = journal.thread_id().to_string();
-    let run_id = journal.run_id().to_string();
-    let extras = call_extras(journal, &[]);
-    let span = extras
-        .spans
-        .get(&fallback.call_id)
-        .cloned()
-        .unwrap_or_else(new_span_id);
-    let env = CallEnv {
-        thread_id: &thread_id,
-        run_id: &run_id,
-        cancel: &ctx.cancel,
-        extras: Some(&extras),
-    };
-    let (outcome, decision) =
-        execute_fallback(agent, journal, &fallback_call, Some(key), span, env).await;
-    let content = content_for(agent, &outcome);
-    let batch = finished_events(&call, outcome, Some(content), decision);
-    journal.append_batch(batch).await
-}
-
-/// Records the outcome of a call that started but never finished (the process stopped
-/// mid-call) and may not run again — or of a call whose fallback did so (`fallback`): it
-/// is NOT executed again. The model is told it may or may not have taken effect, with its
-/// idempotency key (`may_have_run` in the details), and the policy decides what follows,
-/// never with a fallback.
-async fn settle_interrupted(
-    agent: &ToolAgent,
-    journal: &mut Journal<'_>,
-    call: ToolCall,
-    fallback: Option<ToolCall>,
-    idempotency_key: String,
-) -> Result<(), RunError> {
-    let what = match &fallback {
-        Some(fallback) => format!(
-            "its fallback `{}` (the policy ran it after `{}` failed) was interrupted (the process driving the run \
-             stopped while it ran); it may or may not have taken effect and was not re-executed because `{}` is \
-             mutating",
-            fallback.name, call.name, fallback.name
-        ),
-        None => format!(
-            "this call was interrupted (the process driving the run stopped while it ran); it may or may not have \
-             taken effect and was not re-executed because `{}` is mutating",
-            call.name
-        ),
-    };
-    let mut outcome = error_outcome(
-        journal,
-        &call,
-        ToolErrorCode::Cancelled,
-        format!(
-            "{what}. Check its effect before calling it again (idempotency key {idempotency_key})."
-        ),
-    );
-    if let Some(fallback) = &fallback {
-        outcome.tool.clone_from(&fallback.name);
-    }
-    if let ToolResultKind::Error { details, .. } = &mut outcome.result {
-        *details = Some(serde_json::json!({
-            "interrupted": true,
-            "may_have_run": true,
-            "idempotency_key": idempotency_key,
-        }));
-    }
-    // A fallback tool is not run in place of a call whose effect is unknown.
-    let decision = decide_policy(agent, journal, &call, &outcome, fallback.is_some())
-        .filter(|decision| !matches!(decision, PolicyDecision::Fallback { .. }));
-    let batch = finished_events(&call, outcome, None, decision);
-    journal.append_batch(batch).await
-}
-
 /// The events that close a call: its `ToolCallFinished` (which takes the outcome, not a
 /// copy of it), then — when the policy decided something — the question it asks the user
 /// and the decision.
-fn finished_events(
+pub(super) fn finished_events(
     call: &ToolCall,
     outcome: ToolOutcome,
     content: Option<String>,
@@ -677,7 +418,7 @@ fn finished_events(
     events
 }
 
-fn policy_event(
+pub(super) fn policy_event(
     call: &ToolCall,
     outcome: &ToolOutcome,
     decision: PolicyDecision,
@@ -694,7 +435,7 @@ fn policy_event(
 }
 
 /// The policy decision for a failed outcome (`None` on success).
-fn decide_policy(
+pub(super) fn decide_policy(
     agent: &ToolAgent,
     journal: &Journal<'_>,
     call: &ToolCall,
@@ -747,7 +488,7 @@ fn decide_policy(
 }
 
 /// What the model sees for an outcome, per the agent's observation mode.
-fn content_for(agent: &ToolAgent, outcome: &ToolOutcome) -> String {
+pub(super) fn content_for(agent: &ToolAgent, outcome: &ToolOutcome) -> String {
     let observation = agent
         .executor
         .tool(&outcome.tool)
