@@ -215,9 +215,9 @@ async fn insert_events(
 ) -> Result<(), sqlx::Error> {
     let seqs: Vec<i64> = batch.rows.iter().map(|r| r.seq).collect();
     let kinds: Vec<&str> = batch.rows.iter().map(|r| r.kind).collect();
-    let runs: Vec<&str> = batch.rows.iter().map(|r| r.run_id.as_str()).collect();
+    let runs: Vec<&str> = batch.rows.iter().map(|r| &*r.run_id).collect();
     let ts: Vec<i64> = batch.rows.iter().map(|r| r.ts).collect();
-    let bodies: Vec<&str> = batch.rows.iter().map(|r| r.body.as_str()).collect();
+    let bodies: Vec<&str> = batch.rows.iter().map(|r| batch.body(r)).collect();
     sqlx::query(
         "INSERT INTO events (thread_id, seq, type, run_id, ts, body) \
          SELECT $1, u.seq, u.kind, u.run_id, u.ts, u.body::json \

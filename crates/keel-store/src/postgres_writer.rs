@@ -253,9 +253,9 @@ async fn call_group(pool: &PgPool, group: &[PendingAppend]) -> Result<GroupRows,
         for row in &batch.rows {
             seqs.push(row.seq);
             kinds.push(row.kind);
-            runs.push(row.run_id.as_str());
+            runs.push(&*row.run_id);
             ts.push(row.ts);
-            bodies.push(row.body.as_str());
+            bodies.push(batch.body(row));
         }
         ev_to.push(i32::try_from(seqs.len()).unwrap_or(i32::MAX));
     }

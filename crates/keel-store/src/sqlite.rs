@@ -107,6 +107,12 @@ impl SqliteStore {
             .map_err(|e| backend("sqlite options", e))?
             .filename(&path)
             .create_if_missing(true)
+            // 8 KiB pages for a new file (an existing one keeps its own): a one-tool
+            // conversation's commit writes 5.8 WAL frames instead of 8.0 with 4 KiB pages —
+            // its events fill about one 4 KiB leaf, so nearly every commit also rewrote the
+            // leaves' parent and the header page — for the same bytes and instructions, and
+            // each frame is two `pwrite`s (./scripts/bench W1, docs/performance.md).
+            .page_size(8192)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match options.durability {
                 Durability::Normal => SqliteSynchronous::Normal,
@@ -216,7 +222,8 @@ fn insert_sql(n: usize) -> &'static str {
             .map(|n| {
                 let values = vec!["(?, ?, ?, ?, ?, ?)"; n].join(", ");
                 format!(
-                    "INSERT INTO events (thread_id, seq, type, run_id, ts, body) VALUES {values}"
+                    "INSERT OR FAIL INTO events (thread_id, seq, type, run_id, ts, body) \
+                     VALUES {values}"
                 )
             })
             .collect()
@@ -227,7 +234,16 @@ fn insert_sql(n: usize) -> &'static str {
 
 /// Inserts the rows of a batch, up to [`ROWS_PER_INSERT`] per cached statement: one
 /// statement per batch instead of one per event (W1: 10 executions per conversation → 3,
-/// each with its cache lookup, bindings and statement journal).
+/// each with its cache lookup and bindings).
+///
+/// `OR FAIL`, not the default `OR ABORT`: an aborting multi-row `INSERT` makes SQLite copy
+/// every page it touches into a statement journal first, to undo the statement's own
+/// rows should a later row fail (15 % of the SQLite store's instructions in W1). A row
+/// here cannot fail — [`write_batch`] has checked the thread's last `seq` under the write
+/// lock and the batch's seqs follow it — and should one fail anyway, the rows before it
+/// are undone with the job: a lone job's transaction is rolled back, and in a group the
+/// writer sees the changes of a failed [`Guard::Unwritten`] job and rolls the whole group
+/// back (`sqlite_writer::run_group`).
 fn insert_events(conn: &Connection, thread_id: &str, batch: &Batch) -> Result<(), rusqlite::Error> {
     for chunk in batch.rows.chunks(ROWS_PER_INSERT) {
         let mut stmt = conn.prepare_cached(insert_sql(chunk.len()))?;
@@ -240,9 +256,9 @@ fn insert_events(conn: &Connection, thread_id: &str, batch: &Batch) -> Result<()
             bind(&thread_id)?;
             bind(&row.seq)?;
             bind(&row.kind)?;
-            bind(&row.run_id.as_str())?;
+            bind(&&*row.run_id)?;
             bind(&row.ts)?;
-            bind(&row.body.as_str())?;
+            bind(&batch.body(row))?;
         }
         stmt.raw_execute()?;
     }
