@@ -35,6 +35,13 @@ pub struct ResumeArgs {
     /// Write every request the scripted model received to this JSON file.
     #[arg(long, value_name = "FILE", requires = "script")]
     pub record_requests: Option<PathBuf>,
+    /// UNSAFE: run again a call that started as mutating and was interrupted, when its
+    /// tool is now declared repeatable (idempotent, or honouring its idempotency key). The
+    /// call may already have taken effect, so its effect may happen twice. Without this
+    /// flag the effect its start recorded governs: the call is not run again and the model
+    /// is told it may have run.
+    #[arg(long)]
+    pub rerun_relaxed_calls: bool,
 }
 
 /// Flags of `keel approve` / `keel deny`.
@@ -110,7 +117,8 @@ async fn resume_claimed(args: &ResumeArgs, store: Arc<dyn EventStore>) -> Result
         Runner::Agent(recorded) => recorded,
     };
     let spec = recorded::spec_from(recorded, &args.agent)?;
-    let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
+    let (outcome, scripted) =
+        continue_with(&spec, store, thread, args.output, args.rerun_relaxed_calls).await?;
     let record = args.record_requests.as_ref();
     report(&outcome, args.output, scripted.as_ref(), record)
 }
@@ -160,7 +168,7 @@ async fn decide_claimed(
         }
         return Ok(0);
     }
-    let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
+    let (outcome, scripted) = continue_with(&spec, store, thread, args.output, false).await?;
     report(&outcome, args.output, scripted.as_ref(), None)
 }
 
@@ -186,7 +194,7 @@ async fn reply_claimed(args: &ReplyArgs, store: Arc<dyn EventStore>) -> Result<u
             .answer_user(&context, &answer)
             .await
             .map_err(human_error)?;
-        let (outcome, scripted) = continue_with(&spec, store, thread, args.output).await?;
+        let (outcome, scripted) = continue_with(&spec, store, thread, args.output, false).await?;
         return report(&outcome, args.output, scripted.as_ref(), None);
     }
     let built = rebuild(&spec, thread.id(), 0).await?;
@@ -210,6 +218,7 @@ async fn continue_with(
     store: Arc<dyn EventStore>,
     mut thread: Thread,
     output: OutputFormat,
+    rerun_relaxed_calls: bool,
 ) -> Result<(RunOutcome, Option<Arc<ScriptedModel>>), CliError> {
     let mut steps = match resume::latest_run(&thread).map_err(app_error)? {
         Latest::Ended(outcome) => return Ok((*outcome, None)),
@@ -232,7 +241,9 @@ async fn continue_with(
     let built = rebuild(spec, thread.id(), steps).await?;
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
-    let context = spec.context(&built, store, output, true, cancel);
+    let context = spec
+        .context(&built, store, output, true, cancel)
+        .with_rerun_relaxed_calls(rerun_relaxed_calls);
     let outcome = built
         .agent
         .resume(&mut thread, &context)

@@ -216,6 +216,12 @@ pub struct RunContext {
     /// sets the tenant's; runs started with this context (agents called as tools,
     /// handoffs, workflow steps) inherit it.
     pub credentials: Option<Arc<dyn CredentialSource>>,
+    /// Re-run, on resume, a call that started as not repeatable (mutating without a key
+    /// its tool honours) when its tool has since been relaxed so that it would be — the
+    /// forced, unsafe choice behind `keel resume --rerun-relaxed-calls`: the call may
+    /// already have taken effect, so its effect may happen twice. Off by default: the
+    /// effect its start recorded governs and the call is settled as `may_have_run`.
+    pub rerun_relaxed_calls: bool,
 }
 
 /// The span a run nests under: its runs join `trace_id` and record `span_id` as their
@@ -238,6 +244,7 @@ impl std::fmt::Debug for RunContext {
             .field("cancelled", &self.cancel.is_cancelled())
             .field("parent", &self.parent)
             .field("credentials", &self.credentials.is_some())
+            .field("rerun_relaxed_calls", &self.rerun_relaxed_calls)
             .finish_non_exhaustive()
     }
 }
@@ -262,7 +269,15 @@ impl RunContext {
             cancel: CancellationToken::new(),
             parent: None,
             credentials: None,
+            rerun_relaxed_calls: false,
         }
+    }
+
+    /// Sets [`rerun_relaxed_calls`](Self::rerun_relaxed_calls): a started call whose tool
+    /// was relaxed since is run again on resume, at the risk of a second effect.
+    pub fn with_rerun_relaxed_calls(mut self, rerun: bool) -> Self {
+        self.rerun_relaxed_calls = rerun;
+        self
     }
 
     /// Resolves the credentials of the run's tools through `credentials` (see

@@ -484,6 +484,72 @@ async fn a_relaxed_effect_does_not_re_run_a_call_that_started_as_mutating() {
     );
     let answered = results(&events);
     assert!(may_have_run(&answered[0].1), "{answered:?}");
+    let ToolResultKind::Error { details, .. } = &answered[0].1 else {
+        panic!("{answered:?}")
+    };
+    assert_eq!(
+        details.as_ref().unwrap()["relaxed_since_start"],
+        json!(true)
+    );
+    let hint = notices(&events, "relaxed_call_not_rerun");
+    assert_eq!(hint.len(), 1, "the operator is told how to force it");
+    assert!(hint[0].contains("--rerun-relaxed-calls"), "{hint:?}");
+    assert!(notices(&events, "relaxed_call_rerun").is_empty());
+}
+
+/// The messages of the notices of `code` in a log.
+fn notices(events: &[Event], code: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Notice {
+                code: c, message, ..
+            } if c == code => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_forced_resume_re_runs_a_relaxed_call_with_its_recorded_key_and_says_so() {
+    let store = Arc::new(MemoryStore::new());
+    let ledger = Arc::new(Ledger::default());
+    let (first, crash) = agent(
+        HostedLike::new(order_then_done()),
+        vec![tool(
+            "place_order",
+            Effect::Mutating,
+            Behaviour::CrashAfterEffect,
+        )],
+        PolicyTable::default(),
+        &ledger,
+    );
+    let id = run_until_crash(&first, crash, &store).await;
+    let (second, _) = agent(
+        HostedLike::new(order_then_done()),
+        vec![tool("place_order", Effect::Idempotent, Behaviour::Answer)],
+        PolicyTable::default(),
+        &ledger,
+    );
+    let ctx = RunContext::new(store.clone()).with_rerun_relaxed_calls(true);
+    let mut thread = Thread::load(store.as_ref(), &id).await.unwrap();
+    let outcome = second.resume(&mut thread, &ctx).await.unwrap();
+    assert_eq!(outcome.end_state(), Some(EndState::Done), "{outcome:?}");
+    let events = store.load(&id).await.unwrap();
+    assert_eq!(ledger.executions("place_order"), 2, "forced: it runs again");
+    let keys = ledger.effects("place_order");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0], keys[1],
+        "with the key its start recorded: {keys:?}"
+    );
+    let said = notices(&events, "relaxed_call_rerun");
+    assert_eq!(said.len(), 1, "the log says the call ran again on purpose");
+    assert!(
+        said[0].contains("may already have taken effect"),
+        "{said:?}"
+    );
+    assert!(!may_have_run(&results(&events)[0].1));
 }
 
 #[tokio::test]

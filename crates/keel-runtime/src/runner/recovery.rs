@@ -38,15 +38,47 @@ pub(super) fn repeatable_now(agent: &ToolAgent, name: &str) -> bool {
 }
 
 /// Whether a call that started and never finished runs again on resume. What its start
-/// recorded governs: a call recorded as not repeatable is never repeated, whatever the
-/// tool's spec says now (a relaxed effect does not re-run a started payment). A call whose
-/// start predates that record is judged by the tool as it is now.
+/// recorded governs: a call recorded as not repeatable is not repeated, whatever the
+/// tool's spec says now (a relaxed effect does not re-run a started payment) — unless the
+/// resume was forced to ([`RunContext::rerun_relaxed_calls`](crate::RunContext)). A call
+/// whose start predates that record is judged by the tool as it is now.
 pub(super) fn repeat_on_resume(
+    agent: &ToolAgent,
+    journal: &Journal<'_>,
+    name: &str,
+    recorded: Option<&RecordedStart>,
+) -> bool {
+    repeatable_now(agent, name)
+        && (journal.ctx().rerun_relaxed_calls || recorded.is_none_or(|start| start.repeatable))
+}
+
+/// Whether a started call is held back only by what its start recorded: the tool has
+/// been relaxed since, so that repeating it now looks harmless.
+pub(super) fn relaxed_since_start(
     agent: &ToolAgent,
     name: &str,
     recorded: Option<&RecordedStart>,
 ) -> bool {
-    repeatable_now(agent, name) && recorded.is_none_or(|start| start.repeatable)
+    repeatable_now(agent, name) && recorded.is_some_and(|start| !start.repeatable)
+}
+
+/// The notice of a started call run again because the resume was forced to
+/// (`rerun_relaxed_calls`) although its start recorded it as not repeatable.
+pub(super) fn forced_rerun_notice(call: &ToolCall, idempotency_key: &str) -> EventKind {
+    EventKind::Notice {
+        code: "relaxed_call_rerun".into(),
+        message: format!(
+            "call {} of `{}` started as mutating and may already have taken effect; it runs \
+             again because the resume was forced (--rerun-relaxed-calls) and the tool is now \
+             declared repeatable (idempotency key {idempotency_key})",
+            call.id, call.name
+        ),
+        data: Some(serde_json::json!({
+            "call_id": call.id,
+            "tool": call.name,
+            "idempotency_key": idempotency_key,
+        })),
+    }
 }
 
 /// Whether calls of this tool only read: their starts may be staged.
@@ -209,7 +241,7 @@ pub(super) async fn resume_fallback(
         .as_ref()
         .and_then(|start| start.idempotency_key.clone())
         .unwrap_or_else(|| default_key(journal, &fallback.call_id));
-    if !repeat_on_resume(agent, &fallback.name, fallback.start.as_ref()) {
+    if !repeat_on_resume(agent, journal, &fallback.name, fallback.start.as_ref()) {
         let fallback_call = ToolCall {
             id: fallback.call_id,
             name: fallback.name,
@@ -259,13 +291,13 @@ pub(super) async fn settle_interrupted(
     let what = match &fallback {
         Some(fallback) => format!(
             "its fallback `{}` (the policy ran it after `{}` failed) was interrupted (the process driving the run \
-             stopped while it ran); it may or may not have taken effect and was not re-executed because `{}` is \
-             mutating",
+             stopped while it ran); it may or may not have taken effect and was not re-executed because `{}` was \
+             mutating when it started",
             fallback.name, call.name, fallback.name
         ),
         None => format!(
             "this call was interrupted (the process driving the run stopped while it ran); it may or may not have \
-             taken effect and was not re-executed because `{}` is mutating",
+             taken effect and was not re-executed because `{}` was mutating when it started",
             call.name
         ),
     };
@@ -280,8 +312,39 @@ pub(super) async fn settle_interrupted(
     if let Some(fallback) = &fallback {
         outcome.tool.clone_from(&fallback.name);
     }
+    // Held back only by what its start recorded? The operator hears how to force it.
+    let settled = fallback.as_ref().unwrap_or(&call);
+    let relaxed = agent
+        .executor
+        .spec(&settled.name)
+        .is_some_and(|_| repeatable_now(agent, &settled.name));
     if let ToolResultKind::Error { details, .. } = &mut outcome.result {
-        *details = Some(may_have_run_details(&idempotency_key));
+        let mut map = may_have_run_details(&idempotency_key);
+        if let (true, Some(fields)) = (relaxed, map.as_object_mut()) {
+            fields.insert("relaxed_since_start".into(), serde_json::Value::Bool(true));
+        }
+        *details = Some(map);
+    }
+    if relaxed {
+        journal
+            .append(EventKind::Notice {
+                code: "relaxed_call_not_rerun".into(),
+                message: format!(
+                    "call {} of `{}` started as mutating and was not run again although the agent now \
+                     declares the tool repeatable: the effect its start recorded governs. To run such a \
+                     call again anyway — its effect may then happen twice — resume with \
+                     `keel resume --rerun-relaxed-calls {}`",
+                    settled.id,
+                    settled.name,
+                    journal.thread_id()
+                ),
+                data: Some(serde_json::json!({
+                    "call_id": settled.id,
+                    "tool": settled.name,
+                    "idempotency_key": idempotency_key,
+                })),
+            })
+            .await?;
     }
     // A fallback tool is not run in place of a call whose effect is unknown.
     let decision = decide_policy(agent, journal, &call, &outcome, fallback.is_some())

@@ -17,8 +17,8 @@ use keel_core::{
 };
 
 use super::recovery::{
-    call_started, is_read_only, may_have_run, recorded_key, repeat_on_resume, resume_fallback,
-    run_fallback, settle_interrupted,
+    call_started, forced_rerun_notice, is_read_only, may_have_run, recorded_key,
+    relaxed_since_start, repeat_on_resume, resume_fallback, run_fallback, settle_interrupted,
 };
 use super::{error_outcome, ok_outcome, tool_finished};
 use crate::context::{ApprovalDecision, ApprovalMode};
@@ -57,8 +57,18 @@ pub(super) async fn execute_tools(
             is_executed(p)
                 && p.started
                 && (p.fallback.is_some()
-                    || !repeat_on_resume(agent, &p.call.name, p.start.as_ref()))
+                    || !repeat_on_resume(agent, journal, &p.call.name, p.start.as_ref()))
         });
+    // A forced resume (`rerun_relaxed_calls`) runs a relaxed call again: the log says so.
+    let forced: Vec<EventKind> = calls
+        .iter()
+        .filter(|p| is_executed(p) && p.started)
+        .filter(|p| relaxed_since_start(agent, &p.call.name, p.start.as_ref()))
+        .map(|p| forced_rerun_notice(&p.call, &recorded_key(journal, p)))
+        .collect();
+    for notice in forced {
+        journal.append(notice).await?;
+    }
     for pending in interrupted {
         match pending.fallback.clone() {
             Some(fallback) => resume_fallback(agent, journal, pending, fallback).await?,
