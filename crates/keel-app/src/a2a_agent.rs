@@ -177,6 +177,7 @@ impl A2aAgent {
                 context_strategy: None,
                 context_window: None,
                 max_output_tokens: None,
+                settings: Default::default(),
             },
         }
     }

@@ -452,6 +452,10 @@ pub(crate) async fn agent_builder(
         budget.max_turns = Some(turns);
     }
     let mut builder = ToolAgent::builder(resolution.name.clone(), model)
+        .settings_fingerprint(settings_fingerprint(
+            config,
+            resolution.agent_name.as_deref(),
+        ))
         .instructions(instructions)
         .reminder(def.reminder.clone())
         .tools(tools)
@@ -557,4 +561,40 @@ fn instructions(
         }
         _ => DEFAULT_INSTRUCTIONS.to_string(),
     }
+}
+
+/// The SHA-256 of each keel.toml section that shapes an agent built from `config` (its
+/// own `[agents.NAME]` table when it has one), by section name: recorded in every run's
+/// fingerprint, so that a resume names each section that changed since the run started
+/// (`AgentFingerprint::compare_with`). `[providers]` is left out — a provider table may
+/// hold a key, and even its hash is not written to a log; the model spec is recorded.
+pub(crate) fn settings_fingerprint(
+    config: &keel_config::KeelConfig,
+    agent_name: Option<&str>,
+) -> std::collections::BTreeMap<String, String> {
+    fn hash(value: &impl serde::Serialize) -> Option<String> {
+        serde_json::to_value(value)
+            .ok()
+            .map(|value| keel_core::definition::sha256_json(&value))
+    }
+    let sections = [
+        ("[defaults]", hash(&config.defaults)),
+        ("[models]", hash(&config.models)),
+        ("[tools]", hash(&config.tools)),
+        ("[mcp]", hash(&config.mcp)),
+        ("[policies]", hash(&config.policies)),
+        ("[approvals]", hash(&config.approvals)),
+    ];
+    let own = agent_name.and_then(|name| {
+        config
+            .agents
+            .get(name)
+            .and_then(hash)
+            .map(|sha| (format!("[agents.{name}]"), sha))
+    });
+    sections
+        .into_iter()
+        .filter_map(|(name, sha)| sha.map(|sha| (name.to_string(), sha)))
+        .chain(own)
+        .collect()
 }

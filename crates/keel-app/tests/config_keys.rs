@@ -2463,3 +2463,64 @@ fn server_tenants() {
     assert_eq!(set.limits_for("other").concurrent_runs, 4);
     assert!(server_problem("[server.tenants.Acme]\n").contains("server.tenants.Acme"));
 }
+
+/// What resume compares besides the agent itself: every keel.toml section that shapes the
+/// agent is fingerprinted, and a change in any is named (issue 44: `[agents.X]` bodies,
+/// `[models]`, `[policies]`, `[approvals]`, MCP servers were invisible to a resume).
+#[test]
+fn a_resume_names_each_keel_toml_section_that_changed() {
+    let base = "[agents.a]\ninstructions = \"be brief\"\nmodel = \"openai:m\"\n";
+    let recorded = fingerprint(base, None);
+    for section in [
+        "[agents.a]",
+        "[models]",
+        "[policies]",
+        "[approvals]",
+        "[mcp]",
+    ] {
+        assert!(
+            recorded.settings.contains_key(section),
+            "{section} is not fingerprinted: {:?}",
+            recorded.settings
+        );
+    }
+    assert!(
+        !recorded
+            .settings
+            .keys()
+            .any(|s| s.starts_with("[providers")),
+        "provider tables may hold keys: never hashed into a log"
+    );
+    assert!(
+        fingerprint(base, None)
+            .compare_with(&recorded)
+            .changed
+            .is_empty(),
+        "the same configuration is no change"
+    );
+    let changes = [
+        (
+            "[agents.a]\ninstructions = \"be brief\"\nmodel = \"openai:m\"\ntemperature = 0.5\n",
+            "keel.toml [agents.a] changed",
+        ),
+        (
+            &format!("{base}[approvals.tools]\ncalculator = \"ask\"\n") as &str,
+            "keel.toml [approvals] changed",
+        ),
+        (
+            &format!("{base}[models.fast]\nmodel = \"openai:m\"\n"),
+            "keel.toml [models] changed",
+        ),
+        (
+            &format!("{base}[policies.rules]\ninvalid_input = {STOP}\n"),
+            "keel.toml [policies] changed",
+        ),
+    ];
+    for (toml, expected) in changes {
+        let changed = fingerprint(toml, None).compare_with(&recorded).changed;
+        assert!(
+            changed.iter().any(|c| c.contains(expected)),
+            "{expected:?} not in {changed:?} for\n{toml}"
+        );
+    }
+}

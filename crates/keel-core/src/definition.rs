@@ -62,6 +62,12 @@ pub struct AgentFingerprint {
     /// Output token limit per model call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// SHA-256 of each configuration section that shapes the agent, by its name in
+    /// keel.toml (`[agents.NAME]`, `[models]`, `[policies]`, `[approvals]`, `[mcp]`,
+    /// `[tools]`…): a resume names every section that changed since the run started.
+    /// Empty for agents built in Rust without keel-app, and in runs recorded before it was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, String>,
 }
 
 /// One tool of a fingerprint.
@@ -156,6 +162,55 @@ impl AgentFingerprint {
                 .changed
                 .push("the system prompt differs from the one the run started with".into());
         }
+        if self.observation != recorded.observation {
+            result.changed.push(format!(
+                "observation mode {:?} (the run started with {:?})",
+                self.observation, recorded.observation
+            ));
+        }
+        if self.critic != recorded.critic {
+            result.changed.push(if self.critic {
+                "a critic now reviews answers (the run started without one)".into()
+            } else {
+                "no critic reviews answers any more (the run started with one)".into()
+            });
+        }
+        if self.context_strategy != recorded.context_strategy
+            || self.context_window != recorded.context_window
+        {
+            result.changed.push(format!(
+                "context settings {} (the run started with {})",
+                context_label(self),
+                context_label(recorded)
+            ));
+        }
+        if self.max_output_tokens != recorded.max_output_tokens {
+            result.changed.push(format!(
+                "output limit {} (the run started with {})",
+                tokens_label(self.max_output_tokens),
+                tokens_label(recorded.max_output_tokens)
+            ));
+        }
+        let sections: std::collections::BTreeSet<&String> = self
+            .settings
+            .keys()
+            .chain(recorded.settings.keys())
+            .collect();
+        for section in sections {
+            match (self.settings.get(section), recorded.settings.get(section)) {
+                (Some(now), Some(then)) if now == then => {}
+                (Some(_), Some(_)) => result
+                    .changed
+                    .push(format!("keel.toml {section} changed since the run started")),
+                (Some(_), None) if !recorded.settings.is_empty() => result.changed.push(format!(
+                    "keel.toml {section} was added since the run started"
+                )),
+                (None, Some(_)) => result.changed.push(format!(
+                    "keel.toml {section} was removed since the run started"
+                )),
+                _ => {}
+            }
+        }
         if self.planner != recorded.planner {
             result.incompatible.push(format!(
                 "planner mode {:?} differs from the run's {:?}",
@@ -164,6 +219,20 @@ impl AgentFingerprint {
         }
         result
     }
+}
+
+/// A fingerprint's context settings, for a notice.
+fn context_label(fingerprint: &AgentFingerprint) -> String {
+    let strategy = fingerprint.context_strategy.as_deref().unwrap_or("off");
+    match fingerprint.context_window {
+        Some(window) => format!("`{strategy}` with a {window}-token window"),
+        None => format!("`{strategy}`"),
+    }
+}
+
+/// An output token limit, for a notice.
+fn tokens_label(limit: Option<u32>) -> String {
+    limit.map_or_else(|| "none".into(), |tokens| format!("{tokens} tokens"))
 }
 
 /// SHA-256 (hex) of a string.
@@ -232,6 +301,7 @@ mod tests {
             context_strategy: Some("truncate".into()),
             context_window: None,
             max_output_tokens: None,
+            settings: BTreeMap::new(),
         }
     }
 
@@ -266,6 +336,52 @@ mod tests {
         let comparison = other_model.compare_with(&recorded);
         assert!(comparison.is_compatible());
         assert_eq!(comparison.changed.len(), 1);
+    }
+
+    #[test]
+    fn observation_critic_context_and_settings_changes_are_notices() {
+        let mut recorded = fingerprint(Vec::new());
+        recorded.settings = BTreeMap::from([
+            ("[approvals]".to_string(), sha256_hex("ask")),
+            ("[policies]".to_string(), sha256_hex("retry 3")),
+        ]);
+        let mut rebuilt = recorded.clone();
+        assert_eq!(
+            rebuilt.compare_with(&recorded),
+            DefinitionComparison::default()
+        );
+        rebuilt.observation = ObservationMode::Normalized;
+        rebuilt.critic = true;
+        rebuilt.context_window = Some(4096);
+        rebuilt.max_output_tokens = Some(256);
+        rebuilt
+            .settings
+            .insert("[approvals]".into(), sha256_hex("auto"));
+        rebuilt.settings.remove("[policies]");
+        rebuilt
+            .settings
+            .insert("[agents.helper]".into(), sha256_hex("new"));
+        let comparison = rebuilt.compare_with(&recorded);
+        assert!(comparison.is_compatible(), "{comparison:?}");
+        let said = comparison.changed.join("\n");
+        for expected in [
+            "observation mode",
+            "a critic now reviews answers",
+            "4096-token window",
+            "output limit 256 tokens",
+            "keel.toml [approvals] changed",
+            "keel.toml [policies] was removed",
+            "keel.toml [agents.helper] was added",
+        ] {
+            assert!(said.contains(expected), "{expected:?} missing from {said}");
+        }
+        assert_eq!(comparison.changed.len(), 7, "{said}");
+        // A run recorded before settings were: nothing to compare them with.
+        let mut older = recorded.clone();
+        older.settings.clear();
+        let mut now = older.clone();
+        now.settings.insert("[approvals]".into(), sha256_hex("ask"));
+        assert_eq!(now.compare_with(&older), DefinitionComparison::default());
     }
 
     #[test]

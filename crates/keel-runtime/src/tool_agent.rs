@@ -123,6 +123,7 @@ impl ToolAgent {
             max_invalid_actions: 2,
             context: crate::compaction::ContextSettings::default(),
             recipe: serde_json::Value::Null,
+            settings: std::collections::BTreeMap::new(),
             max_parallel_tool_calls: crate::executor::DEFAULT_MAX_PARALLEL_CALLS,
             handoffs: Vec::new(),
             max_handoffs: crate::handoff::DEFAULT_MAX_HANDOFFS,
@@ -248,6 +249,7 @@ pub struct ToolAgentBuilder {
     max_invalid_actions: u32,
     context: crate::compaction::ContextSettings,
     recipe: serde_json::Value,
+    settings: std::collections::BTreeMap<String, String>,
     max_parallel_tool_calls: usize,
     handoffs: Vec<crate::handoff::HandoffTarget>,
     max_handoffs: u32,
@@ -295,6 +297,17 @@ impl ToolAgentBuilder {
     /// secrets here: keys are resolved from the environment again on rebuild.
     pub fn recipe(mut self, recipe: serde_json::Value) -> Self {
         self.recipe = recipe;
+        self
+    }
+
+    /// The SHA-256 of each configuration section that shapes this agent, by its name in
+    /// the configuration (`[agents.NAME]`, `[policies]`…), recorded in the fingerprint
+    /// ([`AgentFingerprint::settings`]) so that a resume names every section that changed.
+    pub fn settings_fingerprint(
+        mut self,
+        settings: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -542,6 +555,7 @@ impl ToolAgentBuilder {
                 context_strategy: context.strategy.as_ref().map(|s| s.name().to_string()),
                 context_window: context.context_window,
                 max_output_tokens: self.max_output_tokens,
+                settings: self.settings,
             },
         };
         ToolAgent {

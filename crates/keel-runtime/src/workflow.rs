@@ -145,6 +145,7 @@ impl Workflow {
                 context_strategy: None,
                 context_window: None,
                 max_output_tokens: None,
+                settings: Default::default(),
             },
         }
     }
