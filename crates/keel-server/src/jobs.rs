@@ -83,7 +83,9 @@ pub async fn enqueue_new_as(
 }
 
 /// Queues the continuation of `thread`'s run in progress (paused for approval or the
-/// user, or interrupted): the job carries the run's own recipe and submission id.
+/// user, or interrupted): the job carries the run's own recipe and submission id, and is a
+/// queue continuation ([`RunQueue::enqueue_continuation`]), leased ahead of the thread's
+/// other queued jobs — a message waiting for this run never holds it up.
 pub async fn enqueue_continue(queue: &dyn RunQueue, thread: &Thread) -> Result<Queued, String> {
     let recorded = Recipe::recorded(thread.run_events())
         .map_err(|e| e.to_string())?
@@ -104,7 +106,12 @@ pub async fn enqueue_continue(queue: &dyn RunQueue, thread: &Thread) -> Result<Q
         base_seq,
         submission: submission.clone(),
     };
-    let job_id = enqueue(queue, thread.id(), &payload).await?;
+    // Ahead of the thread's other queued jobs, which may wait for this very run.
+    let value = serde_json::to_value(&payload).map_err(|e| format!("cannot queue the run: {e}"))?;
+    let job_id = queue
+        .enqueue_continuation(thread.id(), &value)
+        .await
+        .map_err(|e| format!("cannot queue the run: {e}"))?;
     Ok(Queued {
         job_id,
         submission: submission.unwrap_or_default(),

@@ -42,6 +42,13 @@ impl RunQueue for CountingQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
         self.inner.enqueue(thread_id, payload).await
     }
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        self.inner.enqueue_continuation(thread_id, payload).await
+    }
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
         self.inner.acquire(worker_id, ttl).await
     }

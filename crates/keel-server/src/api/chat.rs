@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::runs::refuse_if_paused;
 use super::{ApiJson, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
 use crate::follow::{Follow, Settled, Until, event_stream, wait_settled};
@@ -68,7 +69,9 @@ pub struct Accepted {
     pub events_url: String,
 }
 
-/// Starts (or continues) a conversation.
+/// Starts (or continues) a conversation. A thread whose run is paused (awaiting approval
+/// or the user's answer) takes no new message until that run is answered: `409
+/// thread_paused` says what it waits for and how to answer it.
 #[utoipa::path(
     post,
     path = "/v1/chat",
@@ -81,6 +84,7 @@ pub struct Accepted {
         (status = 200, description = "`stream: true`: text/event-stream of the run's events (`id:` = sequence number), `text_delta`s, then `outcome`", content_type = "text/event-stream"),
         (status = 400, description = "Bad request (names the field)", body = ErrorBody),
         (status = 404, description = "No such thread", body = ErrorBody),
+        (status = 409, description = "`thread_paused`: the thread's run is paused, awaiting approval or the user's answer; nothing is queued. `error.details` names the run (`thread_id`, `run_id`, `status`: `awaiting_approval` or `awaiting_user`), what it waits for (`awaiting`: `call_id` and `tool`, or `question`) and how to answer it (`answer`: `approve` and `deny` — POST /v1/threads/{thread_id}/approvals/{call_id} — or `reply` — POST /v1/threads/{thread_id}/reply — and `cancel`, each with `method`, `path` and an example `body`). Answer it, then send the message again", body = ErrorBody),
         (status = 429, description = "A per-tenant limit (Retry-After)", body = ErrorBody),
     )
 )]
@@ -97,7 +101,11 @@ pub async fn chat(
         ));
     }
     let (client_id, thread) = match &request.thread_id {
-        Some(id) => (id.clone(), tenant_thread(&state, &tenant, id).await?),
+        Some(id) => {
+            let thread = tenant_thread(&state, &tenant, id).await?;
+            refuse_if_paused(&thread, id)?;
+            (id.clone(), thread)
+        }
         None => {
             let (client, store) = tenant.new_thread();
             (client, Thread::with_id(store))

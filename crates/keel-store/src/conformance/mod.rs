@@ -24,10 +24,10 @@ pub use events::{
     round_trip, same_thread_race,
 };
 pub use queue::{
-    queue_claims_exclude_other_drivers, queue_enqueue_acquire_complete,
-    queue_exclusive_under_concurrency, queue_expired_lease_taken_over, queue_invalid_arguments,
-    queue_one_job_per_message_in_order, queue_release, queue_retry_later_and_fail,
-    queue_thread_jobs_serialized_under_concurrency,
+    queue_claims_exclude_other_drivers, queue_continuations_lease_first,
+    queue_enqueue_acquire_complete, queue_exclusive_under_concurrency,
+    queue_expired_lease_taken_over, queue_invalid_arguments, queue_one_job_per_message_in_order,
+    queue_release, queue_retry_later_and_fail, queue_thread_jobs_serialized_under_concurrency,
 };
 pub use runs::{
     list_runs_figures_and_filters, list_runs_follows_the_log, list_runs_sorted_pages,
@@ -155,6 +155,7 @@ pub const QUEUE_CASES: &[&str] = &[
     "queue_retry_later_and_fail",
     "queue_invalid_arguments",
     "queue_claims_exclude_other_drivers",
+    "queue_continuations_lease_first",
 ];
 
 /// Runs one run-queue case by name.
@@ -171,6 +172,7 @@ pub async fn run_queue_case(name: &str, queue: Arc<dyn RunQueue>) -> Result<(), 
         "queue_retry_later_and_fail" => queue_retry_later_and_fail(queue).await,
         "queue_invalid_arguments" => queue_invalid_arguments(queue).await,
         "queue_claims_exclude_other_drivers" => queue_claims_exclude_other_drivers(queue).await,
+        "queue_continuations_lease_first" => queue_continuations_lease_first(queue).await,
         other => Err(fail("run_queue_case", format!("unknown case {other:?}"))),
     }
 }

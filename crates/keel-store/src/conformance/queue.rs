@@ -701,3 +701,104 @@ pub async fn queue_claims_exclude_other_drivers(queue: Arc<dyn RunQueue>) -> R {
         .map_err(backend(C, "complete"))?;
     Ok(())
 }
+
+/// A continuation (the job resuming a paused run once it is approved, denied, answered or
+/// cancelled) is leased before its thread's other queued jobs — also before one that waits
+/// for that run (given back with `retry_later`) — but never while another job of its
+/// thread is leased, and continuations keep their order among themselves.
+pub async fn queue_continuations_lease_first(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_continuations_lease_first";
+    let acquire = || {
+        let queue = queue.clone();
+        async move {
+            queue
+                .acquire("w1", LONG)
+                .await
+                .map_err(backend(C, "acquire"))
+        }
+    };
+    let first = queue
+        .enqueue("k-1", &json!({"n": 1}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "first job", lease.job_id, first)?;
+    let second = queue
+        .enqueue("k-1", &json!({"n": 2}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let k1 = queue
+        .enqueue_continuation("k-1", &json!({"k": 1}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "a continuation was leased while another job of its thread was leased".into()
+    })?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "the continuation goes first", lease.job_id, k1)?;
+    let k2 = queue
+        .enqueue_continuation("k-1", &json!({"k": 2}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "a second continuation was leased while the first was".into()
+    })?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "continuations in order", lease.job_id, k2)?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "then the other job", lease.job_id, second)?;
+    ensure_eq(C, "payload", lease.payload.clone(), json!({"n": 2}))?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+
+    // A job waiting for the paused run (given back for a long while) does not hold up the
+    // continuation that ends that run.
+    let waiting = queue
+        .enqueue("k-2", &json!({"n": 3}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "waiting job", lease.job_id, waiting)?;
+    queue
+        .retry_later(&lease, LONG)
+        .await
+        .map_err(backend(C, "retry_later"))?;
+    let k3 = queue
+        .enqueue_continuation("k-2", &json!({"k": 3}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    let lease = acquire().await?.ok_or_else(|| {
+        fail(
+            C,
+            "the continuation waited behind a job that waits for it (deadlock)",
+        )
+    })?;
+    ensure_eq(C, "continuation ahead of the waiting job", lease.job_id, k3)?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "the waiting job went before its delay".into()
+    })?;
+    let info = queue
+        .job(waiting)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "job missing"))?;
+    ensure_eq(C, "waiting job state", info.state, JobState::Queued)
+}

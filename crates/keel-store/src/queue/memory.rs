@@ -1,6 +1,6 @@
 //! [`MemoryRunQueue`]: the run queue in one process's memory (tests, `memory:` stores).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ struct Job {
     ready_at: Option<DateTime<Utc>>,
     attempts: u32,
     error: Option<String>,
+    /// A continuation ([`RunQueue::enqueue_continuation`]).
+    continuation: bool,
 }
 
 impl Job {
@@ -84,6 +86,40 @@ impl MemoryRunQueue {
     }
 }
 
+impl MemoryRunQueue {
+    fn insert(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+        continuation: bool,
+    ) -> Result<JobId, QueueError> {
+        if thread_id.is_empty() {
+            return Err(QueueError::InvalidArgument(
+                "thread_id must not be empty".into(),
+            ));
+        }
+        let mut inner = self.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        inner.jobs.insert(
+            id,
+            Job {
+                thread_id: thread_id.to_string(),
+                payload: payload.clone(),
+                state: JobState::Queued,
+                worker_id: None,
+                token: 0,
+                expires_at: None,
+                ready_at: None,
+                attempts: 0,
+                error: None,
+                continuation,
+            },
+        );
+        Ok(id)
+    }
+}
+
 fn expiry(ttl: Duration) -> Result<DateTime<Utc>, QueueError> {
     let ns = ttl_ns(ttl)?;
     Ok(Utc::now() + chrono::Duration::nanoseconds(ns))
@@ -108,29 +144,15 @@ fn held<'a>(inner: &'a mut Inner, lease: &Lease) -> Result<&'a mut Job, QueueErr
 #[async_trait]
 impl RunQueue for MemoryRunQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
-        if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument(
-                "thread_id must not be empty".into(),
-            ));
-        }
-        let mut inner = self.lock();
-        inner.next_id += 1;
-        let id = inner.next_id;
-        inner.jobs.insert(
-            id,
-            Job {
-                thread_id: thread_id.to_string(),
-                payload: payload.clone(),
-                state: JobState::Queued,
-                worker_id: None,
-                token: 0,
-                expires_at: None,
-                ready_at: None,
-                attempts: 0,
-                error: None,
-            },
-        );
-        Ok(id)
+        self.insert(thread_id, payload, false)
+    }
+
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        self.insert(thread_id, payload, true)
     }
 
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
@@ -138,18 +160,23 @@ impl RunQueue for MemoryRunQueue {
         let expires_at = expiry(ttl)?;
         let now = Utc::now();
         let mut inner = self.lock();
-        // Jobs in id order; only the first active job of each thread (its head) may go.
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut chosen = None;
-        for (id, job) in &inner.jobs {
-            if !job.active() || !seen.insert(job.thread_id.as_str()) {
-                continue;
-            }
-            if job.ready(now) {
-                chosen = Some(*id);
-                break;
+        // Each thread's holder (its leased job) or head (its first continuation, else its
+        // oldest job); the oldest of those that is ready goes.
+        let mut heads: HashMap<&str, (JobId, &Job)> = HashMap::new();
+        for (id, job) in inner.jobs.iter().filter(|(_, job)| job.active()) {
+            let head = heads.entry(job.thread_id.as_str()).or_insert((*id, job));
+            let holder = head.1.state == JobState::Leased;
+            if !holder
+                && (job.state == JobState::Leased || (job.continuation && !head.1.continuation))
+            {
+                *head = (*id, job);
             }
         }
+        let chosen = heads
+            .values()
+            .filter(|(_, job)| job.ready(now))
+            .map(|(id, _)| *id)
+            .min();
         let Some(id) = chosen else { return Ok(None) };
         let Some(job) = inner.jobs.get_mut(&id) else {
             return Ok(None);
@@ -229,10 +256,17 @@ impl RunQueue for MemoryRunQueue {
         let expires_at = expiry(ttl)?;
         let now = Utc::now();
         let mut inner = self.lock();
-        let holding = inner
-            .jobs
-            .iter()
-            .find(|(_, job)| job.active() && job.thread_id == thread_id)
+        // The thread's leased job, else its head.
+        let active = || {
+            inner
+                .jobs
+                .iter()
+                .filter(|(_, job)| job.active() && job.thread_id == thread_id)
+        };
+        let holding = active()
+            .find(|(_, job)| job.state == JobState::Leased)
+            .or_else(|| active().find(|(_, job)| job.continuation))
+            .or_else(|| active().next())
             .map(|(id, job)| Holding {
                 job_id: *id,
                 state: job.state,
@@ -258,6 +292,7 @@ impl RunQueue for MemoryRunQueue {
                         ready_at: None,
                         attempts: 0,
                         error: None,
+                        continuation: false,
                     },
                 );
                 id
