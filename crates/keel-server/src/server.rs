@@ -192,6 +192,8 @@ impl Server {
                 poll: self.state.poll,
                 exit_when_idle: false,
                 policy: JobPolicy::default(),
+                max_attempts: config.max_attempts,
+                retry_base: Duration::from_millis(config.retry_base_ms),
             };
             let worker = Worker::new(
                 self.state.events.clone(),

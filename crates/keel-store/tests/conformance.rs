@@ -157,13 +157,14 @@ queue_cases!(
     queue_invalid_arguments,
     queue_claims_exclude_other_drivers,
     queue_continuations_lease_first,
+    queue_dead_letter_snooze_and_cancel_queued,
 );
 
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
     assert_eq!(conformance::EVENT_CASES.len(), 21);
-    assert_eq!(conformance::QUEUE_CASES.len(), 10);
+    assert_eq!(conformance::QUEUE_CASES.len(), 11);
 }
 
 /// `run_all` drives every case through a factory.

@@ -37,7 +37,7 @@ impl Job {
         match self.state {
             JobState::Queued => self.ready_at.is_none_or(|at| at <= now),
             JobState::Leased => self.expires_at.is_none_or(|at| at <= now),
-            JobState::Done | JobState::Failed => false,
+            JobState::Done | JobState::Failed | JobState::Dead | JobState::Cancelled => false,
         }
     }
 }
@@ -67,16 +67,21 @@ impl MemoryRunQueue {
         }
     }
 
-    /// Moves a held job to `state` (ready again after `ready_in` when queued).
+    /// Moves a held job to `state` (ready again after `ready_in` when queued; with
+    /// `uncount`, this acquisition is not counted as an attempt).
     fn finish(
         &self,
         lease: &Lease,
         state: JobState,
         ready_in: Option<Duration>,
         error: Option<&str>,
+        uncount: bool,
     ) -> Result<(), QueueError> {
         let mut inner = self.lock();
         let job = held(&mut inner, lease)?;
+        if uncount {
+            job.attempts = job.attempts.saturating_sub(1);
+        }
         job.state = state;
         job.expires_at = None;
         job.ready_at =
@@ -210,19 +215,40 @@ impl RunQueue for MemoryRunQueue {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Done, None, None)
+        self.finish(lease, JobState::Done, None, None, false)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Queued, None, None)
+        self.finish(lease, JobState::Queued, None, None, false)
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Queued, Some(delay), None)
+        self.finish(lease, JobState::Queued, Some(delay), None, false)
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Queued, Some(delay), None, true)
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Failed, None, Some(error))
+        self.finish(lease, JobState::Failed, None, Some(error), false)
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Dead, None, Some(error), false)
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        let mut inner = self.lock();
+        match inner.jobs.get_mut(&job_id) {
+            Some(job) if job.state == JobState::Queued => {
+                job.state = JobState::Cancelled;
+                job.ready_at = None;
+                job.error = Some(capped_error(reason));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {

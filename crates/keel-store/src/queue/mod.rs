@@ -24,10 +24,14 @@
 //! so a continuation must never wait behind them — but never while another job of the
 //! thread is leased, and continuations keep their order among themselves.
 //!
-//! A job ends `done` ([`RunQueue::complete`]) or `failed` with a reason
-//! ([`RunQueue::fail`], for jobs that can never succeed); [`RunQueue::release`] gives it
-//! back at once and [`RunQueue::retry_later`] after a delay, keeping its place at the head
-//! of its thread.
+//! Every job ends: `done` ([`RunQueue::complete`]), `failed` with a reason
+//! ([`RunQueue::fail`], for jobs that can never succeed), `dead` with its last error
+//! ([`RunQueue::dead_letter`], once its attempts are used up: the worker's
+//! `max_attempts`), or `cancelled` before any worker took it ([`RunQueue::cancel_queued`]).
+//! [`RunQueue::release`] gives a job back at once and [`RunQueue::retry_later`] after a
+//! delay, keeping its place at the head of its thread; [`RunQueue::snooze`] does the same
+//! for a job that waits for something else and did not fail (the acquisition is not
+//! counted as an attempt).
 
 mod memory;
 mod postgres;
@@ -102,6 +106,12 @@ pub enum JobState {
     Done,
     /// Given up: it can never succeed (the reason is in [`JobInfo::error`]).
     Failed,
+    /// Dead-lettered: it failed on every attempt it was allowed (the last error is in
+    /// [`JobInfo::error`]).
+    Dead,
+    /// Cancelled while queued, before any worker took it (the reason is in
+    /// [`JobInfo::error`]).
+    Cancelled,
 }
 
 impl JobState {
@@ -112,6 +122,8 @@ impl JobState {
             Self::Leased => "leased",
             Self::Done => "done",
             Self::Failed => "failed",
+            Self::Dead => "dead",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -121,6 +133,8 @@ impl JobState {
             "leased" => Ok(Self::Leased),
             "done" => Ok(Self::Done),
             "failed" => Ok(Self::Failed),
+            "dead" => Ok(Self::Dead),
+            "cancelled" => Ok(Self::Cancelled),
             other => Err(QueueError::Backend(format!(
                 "stored job state {other:?} is unknown"
             ))),
@@ -163,7 +177,8 @@ pub struct JobInfo {
     pub token: u64,
     /// Acquisitions so far.
     pub attempts: u32,
-    /// Why the job failed (state [`JobState::Failed`]).
+    /// Why the job failed, died or was cancelled ([`JobState::Failed`],
+    /// [`JobState::Dead`], [`JobState::Cancelled`]).
     pub error: Option<String>,
 }
 
@@ -178,6 +193,12 @@ pub struct QueueCounts {
     pub done: u64,
     /// Given up.
     pub failed: u64,
+    /// Dead-lettered (attempts used up).
+    #[serde(default)]
+    pub dead: u64,
+    /// Cancelled while queued.
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 impl QueueCounts {
@@ -188,6 +209,8 @@ impl QueueCounts {
             JobState::Leased => self.leased += n,
             JobState::Done => self.done += n,
             JobState::Failed => self.failed += n,
+            JobState::Dead => self.dead += n,
+            JobState::Cancelled => self.cancelled += n,
         }
     }
 }
@@ -231,9 +254,23 @@ pub trait RunQueue: Send + Sync {
     /// thread's later jobs).
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError>;
 
+    /// Gives the job back like [`retry_later`](Self::retry_later), without counting this
+    /// acquisition as an attempt: the job waits for something else (another run of its
+    /// thread) and did not fail, so waiting never uses up its attempts.
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError>;
+
     /// Gives the job up (`failed`, with `error` kept for [`RunQueue::job`]); the thread's
     /// next job becomes ready.
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError>;
+
+    /// Dead-letters the job (`dead`, with its last `error` kept for [`RunQueue::job`]): it
+    /// failed on every attempt it was allowed. The thread's next job becomes ready.
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError>;
+
+    /// Cancels job `job_id` while it is queued — no worker holds it — (`cancelled`, with
+    /// `reason` kept for [`RunQueue::job`]); `Ok(false)` when it is not queued (leased, or
+    /// it ended) or does not exist.
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError>;
 
     /// Looks a job up.
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError>;

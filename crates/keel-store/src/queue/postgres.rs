@@ -106,15 +106,19 @@ impl RunQueue for PostgresStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Done, None, None).await
+        finish(self, lease, JobState::Done, None, None, false).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, None, None).await
+        finish(self, lease, JobState::Queued, None, None, false).await
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, Some(delay), None).await
+        finish(self, lease, JobState::Queued, Some(delay), None, false).await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None, true).await
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
@@ -124,8 +128,25 @@ impl RunQueue for PostgresStore {
             JobState::Failed,
             None,
             Some(capped_error(error)),
+            false,
         )
         .await
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Dead,
+            None,
+            Some(capped_error(error)),
+            false,
+        )
+        .await
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        cancel_queued(self, job_id, &capped_error(reason)).await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -335,20 +356,42 @@ async fn insert(
         .map_err(|e| backend("postgres enqueue", e))
 }
 
+/// Cancels job `job_id` when it is queued (see [`RunQueue::cancel_queued`]).
+async fn cancel_queued(
+    store: &PostgresStore,
+    job_id: JobId,
+    reason: &str,
+) -> Result<bool, QueueError> {
+    let done = sqlx::query(
+        "UPDATE run_queue SET state = 'cancelled', ready_at = NULL, error = $1, updated_at = now() \
+         WHERE job_id = $2 AND state = 'queued'",
+    )
+    .bind(reason)
+    .bind(job_id)
+    .execute(&store.pool)
+    .await
+    .map_err(|e| backend("postgres cancel queued job", e))?
+    .rows_affected();
+    Ok(done > 0)
+}
+
 /// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
-/// keeping `error` when given.
+/// keeping `error` when given; with `uncount`, the acquisition is not counted as an attempt.
 async fn finish(
     store: &PostgresStore,
     lease: &Lease,
     state: JobState,
     ready_in: Option<Duration>,
     error: Option<String>,
+    uncount: bool,
 ) -> Result<(), QueueError> {
+    // A snooze gives back the attempt its acquisition counted.
+    let uncount = i32::from(uncount);
     // NULL delay = ready now.
     let ready_micros = ready_in.map(|delay| delay_ns(delay) / 1000);
     let done = sqlx::query(
         "UPDATE run_queue SET state = $1, ready_at = now() + ($2::float8 * interval '1 microsecond'), \
-         error = $3, lease_expires_at = NULL, updated_at = now() \
+         error = $3, lease_expires_at = NULL, attempts = GREATEST(attempts - $6, 0), updated_at = now() \
          WHERE job_id = $4 AND lease_token = $5 AND state = 'leased' AND lease_expires_at > now()",
     )
     .bind(state.as_str())
@@ -356,6 +399,7 @@ async fn finish(
     .bind(error)
     .bind(lease.job_id)
     .bind(token(lease))
+    .bind(uncount)
     .execute(&store.pool)
     .await
     .map_err(|e| backend("postgres finish lease", e))?

@@ -130,15 +130,19 @@ impl RunQueue for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Done, None, None).await
+        finish(self, lease, JobState::Done, None, None, false).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, None, None).await
+        finish(self, lease, JobState::Queued, None, None, false).await
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, Some(delay), None).await
+        finish(self, lease, JobState::Queued, Some(delay), None, false).await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None, true).await
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
@@ -148,8 +152,25 @@ impl RunQueue for SqliteStore {
             JobState::Failed,
             None,
             Some(capped_error(error)),
+            false,
         )
         .await
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Dead,
+            None,
+            Some(capped_error(error)),
+            false,
+        )
+        .await
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        cancel_queued(self, job_id, &capped_error(reason)).await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -323,15 +344,40 @@ async fn insert(
         .await
 }
 
+/// Cancels job `job_id` when it is queued (see [`RunQueue::cancel_queued`]).
+async fn cancel_queued(
+    store: &SqliteStore,
+    job_id: JobId,
+    reason: &str,
+) -> Result<bool, QueueError> {
+    let now = now_ns();
+    let reason = reason.to_string();
+    let done = store
+        .writer
+        .call(AppendDurability::Default, move |conn: &Connection| {
+            conn.prepare_cached(
+                "UPDATE run_queue SET state = 'cancelled', ready_at = NULL, error = ?1, \
+                 updated_at = ?2 WHERE job_id = ?3 AND state = 'queued'",
+            )
+            .and_then(|mut stmt| stmt.execute(params![reason, now, job_id]))
+            .map_err(|e| backend("sqlite cancel queued job", e))
+        })
+        .await?;
+    Ok(done > 0)
+}
+
 /// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
-/// keeping `error` when given.
+/// keeping `error` when given; with `uncount`, the acquisition is not counted as an attempt.
 async fn finish(
     store: &SqliteStore,
     lease: &Lease,
     state: JobState,
     ready_in: Option<Duration>,
     error: Option<String>,
+    uncount: bool,
 ) -> Result<(), QueueError> {
+    // A snooze gives back the attempt its acquisition counted.
+    let uncount = i64::from(uncount);
     let now = now_ns();
     let ready_at = ready_in.map(|delay| now.saturating_add(delay_ns(delay)));
     let (job_id, token) = (lease.job_id, token(lease));
@@ -340,11 +386,19 @@ async fn finish(
         .call(AppendDurability::Default, move |conn: &Connection| {
             conn.prepare_cached(
                 "UPDATE run_queue SET state = ?1, ready_at = ?2, error = ?3, lease_expires_at = NULL, \
-                 updated_at = ?4 WHERE job_id = ?5 AND lease_token = ?6 AND state = 'leased' \
-                 AND lease_expires_at > ?4",
+                 attempts = MAX(attempts - ?7, 0), updated_at = ?4 WHERE job_id = ?5 \
+                 AND lease_token = ?6 AND state = 'leased' AND lease_expires_at > ?4",
             )
             .and_then(|mut stmt| {
-                stmt.execute(params![state.as_str(), ready_at, error, now, job_id, token])
+                stmt.execute(params![
+                    state.as_str(),
+                    ready_at,
+                    error,
+                    now,
+                    job_id,
+                    token,
+                    uncount
+                ])
             })
             .map_err(|e| backend("sqlite finish lease", e))
         })
