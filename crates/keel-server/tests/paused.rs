@@ -165,7 +165,105 @@ async fn a_continuation_leases_ahead_of_a_job_waiting_on_its_run(backend: Backen
     h.stop().await;
 }
 
+/// A chat names its job; the job view shows it queued, its tenant can cancel it while no
+/// worker holds it (another tenant sees a 404), and a dead-lettered job shows its last
+/// error — in the view and in `/metrics`.
+async fn a_job_is_shown_cancelled_while_queued_and_shows_its_last_error(backend: Backend) {
+    let h = Harness::start_with_workers(backend, script(), "", 0).await;
+    let key = h.key("alpha").await;
+    let other = h.key("beta").await;
+    let response = h
+        .request("POST", "/v1/chat", &key)
+        .header("content-type", "application/json")
+        .body(json!({"agent": "bot", "message": "hi", "stream": true}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
+    let (job, thread) = (header("x-keel-job-id"), header("x-keel-thread-id"));
+    drop(response);
+
+    let (status, _, view) = h.send("GET", &format!("/v1/jobs/{job}"), &key, None).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["state"], "queued", "{view}");
+    assert_eq!(view["thread_id"], thread.as_str(), "{view}");
+    assert_eq!(view["attempts"], 0, "{view}");
+    for (method, path) in [
+        ("GET", format!("/v1/jobs/{job}")),
+        ("POST", format!("/v1/jobs/{job}/cancel")),
+    ] {
+        let (status, _, body) = h.send(method, &path, &other, None).await;
+        assert_eq!(status, 404, "another tenant's job: {body}");
+    }
+    let (status, _, view) = h
+        .send("POST", &format!("/v1/jobs/{job}/cancel"), &key, None)
+        .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["state"], "cancelled", "{view}");
+    assert!(
+        view["error"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled by key:"),
+        "{view}"
+    );
+    let (status, _, body) = h
+        .send("POST", &format!("/v1/jobs/{job}/cancel"), &key, None)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "job_not_queued", "{body}");
+
+    // A job out of attempts, dead-lettered by a worker, shows why.
+    let queue = &h.store.queue;
+    let dead = queue
+        .enqueue(&format!("alpha.{thread}"), &json!({}))
+        .await
+        .unwrap();
+    let lease = queue
+        .acquire("w", std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.job_id, dead);
+    queue
+        .dead_letter(
+            &lease,
+            "store unreachable (attempt 20 of 20: dead-lettered)",
+        )
+        .await
+        .unwrap();
+    let (status, _, view) = h.send("GET", &format!("/v1/jobs/{dead}"), &key, None).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["state"], "dead", "{view}");
+    assert!(
+        view["error"]
+            .as_str()
+            .unwrap()
+            .contains("store unreachable"),
+        "{view}"
+    );
+    let metrics = h
+        .request("GET", "/metrics", &key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("keel_queue_jobs{state=\"dead\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("keel_queue_jobs{state=\"cancelled\"} 1"),
+        "{metrics}"
+    );
+    h.stop().await;
+}
+
 crate::on_both_stores!(
     a_second_message_while_awaiting_approval_is_refused_and_never_stalls,
     a_continuation_leases_ahead_of_a_job_waiting_on_its_run,
+    a_job_is_shown_cancelled_while_queued_and_shows_its_last_error,
 );

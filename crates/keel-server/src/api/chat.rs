@@ -67,6 +67,9 @@ pub struct Accepted {
     pub status: String,
     /// Where to follow it (SSE).
     pub events_url: String,
+    /// Its job in the run queue (`GET /v1/jobs/{job_id}`; `POST /v1/jobs/{job_id}/cancel`
+    /// while it is queued).
+    pub job_id: keel_store::JobId,
 }
 
 /// Starts (or continues) a conversation. A thread whose run is paused (awaiting approval
@@ -163,6 +166,7 @@ pub async fn chat(
                     run_id,
                     events_url: format!("/v1/threads/{client_id}/events"),
                     thread_id: client_id.clone(),
+                    job_id: queued.job_id,
                 })),
             )
                 .into_response(),
@@ -171,6 +175,9 @@ pub async fn chat(
     if let Some(value) = header {
         response.headers_mut().insert("x-keel-thread-id", value);
     }
+    response
+        .headers_mut()
+        .insert("x-keel-job-id", HeaderValue::from(queued.job_id));
     Ok(response)
 }
 
