@@ -344,3 +344,190 @@ mod postgres_queue_races {
         assert_eq!(again, None, "thread t has a lease: nothing else is ready");
     }
 }
+
+/// `delete_thread` (issue 45): it locks the thread before deleting, so an append racing it
+/// cannot leave events without a thread, and it removes the thread's queued and finished
+/// jobs and its cancel requests.
+mod delete_thread_cleanup {
+    use std::time::{Duration, Instant};
+
+    use keel_store::ServingStore;
+    use keel_store::conformance::fixtures::{event, notice};
+    use serde_json::json;
+
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(60);
+
+    async fn check_cleanup(
+        events: &dyn EventStore,
+        queue: &dyn RunQueue,
+        serving: &dyn ServingStore,
+    ) {
+        let thread = "del-1";
+        events
+            .append(thread, 0, &[event(thread, 0, 0, notice("a", "one"))])
+            .await
+            .unwrap();
+        let done = queue
+            .enqueue(thread, &json!({"message": "first"}))
+            .await
+            .unwrap();
+        let lease = queue.acquire("w", DEADLINE).await.unwrap().unwrap();
+        assert_eq!(lease.job_id, done);
+        queue.complete(&lease).await.unwrap();
+        let queued = queue
+            .enqueue(thread, &json!({"message": "second"}))
+            .await
+            .unwrap();
+        let other = queue
+            .enqueue("del-2", &json!({"message": "kept"}))
+            .await
+            .unwrap();
+        serving.request_cancel(thread, "run_del").await.unwrap();
+        serving.request_cancel("del-2", "run_kept").await.unwrap();
+
+        assert!(events.delete_thread(thread).await.unwrap());
+        assert!(events.load(thread).await.unwrap().is_empty());
+        for job in [done, queued] {
+            assert_eq!(
+                queue.job(job).await.unwrap(),
+                None,
+                "job {job} of the deleted thread"
+            );
+        }
+        assert!(
+            queue.job(other).await.unwrap().is_some(),
+            "another thread's job"
+        );
+        assert!(!serving.cancel_requested("run_del").await.unwrap());
+        assert!(serving.cancel_requested("run_kept").await.unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_delete_thread_removes_its_jobs_and_cancellations() {
+        let (_dir, store) = sqlite().await;
+        check_cleanup(&store, &store, &store).await;
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_delete_thread_removes_its_jobs_and_cancellations() {
+        let store = postgres().await;
+        check_cleanup(&store, &store, &store).await;
+        store.drop_schema().await.unwrap();
+    }
+
+    /// A delete stalled (by a test trigger) after it removed the events and before it
+    /// removed the thread; an append to the thread meanwhile must not survive it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_an_append_racing_delete_thread_leaves_no_events() {
+        let store = postgres().await;
+        let thread = "del-race";
+        store
+            .append(
+                thread,
+                0,
+                &[
+                    event(thread, 0, 0, notice("a", "one")),
+                    event(thread, 1, 1, notice("b", "two")),
+                ],
+            )
+            .await
+            .unwrap();
+        let key = i64::try_from(uuid::Uuid::new_v4().as_u128() & 0x3fff_ffff).unwrap() | 1;
+        for sql in [
+            format!(
+                "CREATE FUNCTION keel_test_stall_delete() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN PERFORM pg_advisory_xact_lock({key}); RETURN NULL; END $$"
+            ),
+            "CREATE TRIGGER keel_test_stall_delete AFTER DELETE ON events FOR EACH STATEMENT \
+             EXECUTE FUNCTION keel_test_stall_delete()"
+                .to_string(),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        let mut holder = store.pool().acquire().await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let delete = tokio::spawn({
+            let store = store.clone();
+            async move { store.delete_thread(thread).await }
+        });
+        let pool = store.pool().clone();
+        let start = Instant::now();
+        let delete_pid: i32 = loop {
+            let pid: Option<i32> = sqlx::query_scalar(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid::bigint = 0 AND objid::bigint = $1 AND objsubid = 1",
+            )
+            .bind(key)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            if let Some(pid) = pid {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the delete never reached the trigger"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let append = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .append(thread, 2, &[event(thread, 2, 2, notice("c", "three"))])
+                    .await
+            }
+        });
+        // The append either committed or waits for the delete.
+        loop {
+            let blocked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(delete_pid)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if append.is_finished() || blocked > 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the append neither ended nor waited"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        drop(holder);
+        assert!(delete.await.unwrap().unwrap());
+        let appended = append.await.unwrap();
+        let left = store.load(thread).await.unwrap();
+        // The thread starts again from nothing.
+        let fresh = store
+            .append(thread, 0, &[event(thread, 0, 3, notice("d", "again"))])
+            .await;
+        store.drop_schema().await.unwrap();
+        assert!(
+            left.is_empty(),
+            "events left without a thread after the delete (the racing append: {appended:?}): {left:?}"
+        );
+        assert!(
+            appended.is_err(),
+            "the racing append must see the thread gone"
+        );
+        fresh.unwrap();
+    }
+}

@@ -35,6 +35,8 @@
 
 mod memory;
 mod postgres;
+
+pub(crate) use postgres::LOCK_THREAD_SQL;
 mod sqlite;
 
 use std::time::Duration;

@@ -302,8 +302,9 @@ impl RunQueue for PostgresStore {
     }
 }
 
-/// The advisory lock of thread `$1` of this schema, held until the transaction ends.
-const LOCK_THREAD_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended(\
+/// The advisory lock of thread `$1` of this schema, held until the transaction ends (taken
+/// by enqueues, claims and `delete_thread`).
+pub(crate) const LOCK_THREAD_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended(\
      'keel.run_queue:' || current_schema() || ':' || $1, 0))";
 
 /// An enqueue: the thread's lock first, then the id, in one statement (see the module docs).
