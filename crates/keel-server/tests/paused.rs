@@ -262,7 +262,64 @@ async fn a_job_is_shown_cancelled_while_queued_and_shows_its_last_error(backend:
     h.stop().await;
 }
 
+/// A chat waiting for its run learns when its job ends before any run started (here dead-
+/// lettered, as a worker does when the agent cannot be built on any attempt) — at once,
+/// with the reason, not a `202 queued` once the request times out.
+async fn a_chat_whose_job_dies_before_its_run_answers_with_the_reason(backend: Backend) {
+    let h = Harness::start_with_workers(backend, script(), "", 0).await;
+    let key = h.key("alpha").await;
+    let chat = tokio::spawn({
+        let request = h
+            .request("POST", "/v1/chat", &key)
+            .header("content-type", "application/json")
+            .body(json!({"agent": "bot", "message": "hi"}).to_string());
+        async move { request.send().await.unwrap() }
+    });
+    let queue = &h.store.queue;
+    let start = std::time::Instant::now();
+    let lease = loop {
+        if let Some(lease) = queue
+            .acquire("w", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            break lease;
+        }
+        assert!(
+            start.elapsed() < crate::common::DEADLINE,
+            "the chat queued no job"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    queue
+        .dead_letter(
+            &lease,
+            "cannot build the agent: store unreachable (attempt 20 of 20: dead-lettered)",
+        )
+        .await
+        .unwrap();
+    let response = tokio::time::timeout(crate::common::DEADLINE, chat)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "job_dead", "{body}");
+    assert_eq!(body["error"]["details"]["job_id"], lease.job_id, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("store unreachable"),
+        "{body}"
+    );
+    assert!(!body.to_string().contains("alpha."), "no store ids: {body}");
+    h.stop().await;
+}
+
 crate::on_both_stores!(
+    a_chat_whose_job_dies_before_its_run_answers_with_the_reason,
     a_second_message_while_awaiting_approval_is_refused_and_never_stalls,
     a_continuation_leases_ahead_of_a_job_waiting_on_its_run,
     a_job_is_shown_cancelled_while_queued_and_shows_its_last_error,
