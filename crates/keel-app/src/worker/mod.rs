@@ -343,9 +343,10 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
     let thread_id = lease.thread_id.clone();
     let payload = lease.payload.clone();
     let attempts = lease.attempts;
-    if attempts > shared.max_attempts {
+    if attempts > shared.max_attempts && keel_store::claim_holder(&payload).is_none() {
         // Its earlier attempts never ended (the worker crashed, or lost the lease, every
-        // time): a job that takes its worker down is not tried forever.
+        // time): a job that takes its worker down is not tried forever. (An expired
+        // claim's row is only closed, however often it was taken over.)
         let last = match shared.queue.job(job).await {
             Ok(Some(info)) => info.error.map(|e| format!("; last error: {e}")),
             _ => None,
