@@ -103,6 +103,13 @@ impl AppError {
         }
     }
 
+    /// Whether the same call may succeed later: the store failed, or a tool could not be
+    /// reached or built (an MCP server down, an HTTP tool's endpoint) — not a problem of
+    /// the configuration, the recipe or the caller's values.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Store { .. } | Self::Tool { .. })
+    }
+
     /// The diagnostics, when the problem is located in a file.
     pub fn diagnostics(&self) -> &[Diagnostic] {
         match self {

@@ -180,6 +180,8 @@ const KEYS: &[(&str, Check)] = &[
     ("server.stream_timeout_ms", server_stream_timeout),
     ("server.shutdown_grace_ms", server_shutdown_grace),
     ("server.lease_ttl_ms", server_lease_ttl),
+    ("server.max_attempts", server_max_attempts),
+    ("server.retry_base_ms", server_retry_base),
     ("server.cors_origins", server_cors_origins),
     ("server.agents", server_agents),
     (
@@ -2397,6 +2399,18 @@ fn server_lease_ttl() {
     assert!(server_problem("lease_ttl_ms = 10").contains("lease_ttl_ms"));
     // A third of the TTL must outlast a cancelled tool's 0.5 s grace.
     assert!(server_problem("lease_ttl_ms = 1500").contains("[2000, 86400000]"));
+}
+
+fn server_max_attempts() {
+    assert_eq!(server("").max_attempts, 20);
+    assert_eq!(server("max_attempts = 3").max_attempts, 3);
+    assert!(server_problem("max_attempts = 0").contains("[1, 1000]"));
+}
+
+fn server_retry_base() {
+    assert_eq!(server("").retry_base_ms, 1_000);
+    assert_eq!(server("retry_base_ms = 5").retry_base_ms, 5);
+    assert!(server_problem("retry_base_ms = 0").contains("retry_base_ms"));
 }
 
 fn server_cors_origins() {

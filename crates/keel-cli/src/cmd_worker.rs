@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keel_app::worker::{self, JobAgents, JobPolicy, JobStart, Worker, WorkerOptions};
+use keel_app::worker::{self, BuildError, JobAgents, JobPolicy, JobStart, Worker, WorkerOptions};
 use keel_core::{CancellationToken, Event, EventStore};
 use keel_runtime::{Agent, RunContext};
 use serde_json::json;
@@ -58,6 +58,11 @@ pub struct WorkerArgs {
     /// Exit once no job is queued or leased.
     #[arg(long)]
     pub exit_when_idle: bool,
+    /// Attempts a job gets before it is dead-lettered with its last error (transient
+    /// failures are retried with exponential backoff from 1 s, at most 10 minutes apart;
+    /// waiting for another run of the thread uses up no attempt).
+    #[arg(long, value_name = "N", default_value_t = worker::DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: u32,
     /// On SIGTERM or Ctrl-C, lease nothing more and give runs in progress this many
     /// milliseconds to end; runs still going are then interrupted and their jobs given
     /// back to the queue at once (another worker continues them).
@@ -134,6 +139,9 @@ pub async fn worker(args: WorkerArgs) -> Result<u8, CliError> {
     if args.concurrency == 0 {
         return Err(CliError::usage("--concurrency must be at least 1"));
     }
+    if args.max_attempts == 0 {
+        return Err(CliError::usage("--max-attempts must be at least 1"));
+    }
     let policy =
         JobPolicy::new(&args.allow_base_urls, &args.allow_agent_dirs).map_err(CliError::usage)?;
     let opened = args.store.open().await?;
@@ -144,6 +152,8 @@ pub async fn worker(args: WorkerArgs) -> Result<u8, CliError> {
         poll: Duration::from_millis(args.poll_ms.max(1)),
         exit_when_idle: args.exit_when_idle,
         policy,
+        max_attempts: args.max_attempts,
+        retry_base: Duration::from_secs(1),
     };
     say(&format!(
         "keel worker {} on {} (lease {:?}, concurrency {}; {})",
@@ -228,12 +238,20 @@ impl JobAgents for CliJobs {
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
-    ) -> Result<(Box<dyn Agent>, RunContext), String> {
+    ) -> Result<(Box<dyn Agent>, RunContext), BuildError> {
         let steps = match start {
             JobStart::Resume { run_id, run_events } => agents::consumed_steps(run_events, run_id),
             JobStart::New => 0,
         };
-        let built = spec.build(steps).await.map_err(|e| e.message)?;
+        // A usage error (an unknown agent, tool or model, a bad flag) can never work; a
+        // failure (the store, a tool's server) may on a later attempt.
+        let built = spec.build(steps).await.map_err(|e| {
+            if e.code == crate::EXIT_USAGE {
+                BuildError::Permanent(e.message)
+            } else {
+                BuildError::Transient(e.message)
+            }
+        })?;
         let context = spec.base_context(&built, store).with_cancel(cancel);
         Ok((Box::new(built.agent), context))
     }

@@ -44,6 +44,13 @@ pub struct ServerConfig {
     /// Lease of the embedded workers' jobs, in milliseconds (a run left at shutdown is
     /// taken over by another worker once it expires).
     pub lease_ttl_ms: u64,
+    /// Attempts a queued run gets from the embedded workers before it is dead-lettered
+    /// with its last error (transient failures are retried with exponential backoff from
+    /// `retry_base_ms`; waiting for another run of the thread uses up no attempt).
+    pub max_attempts: u32,
+    /// The first retry's delay in milliseconds; each later retry waits twice as long, up
+    /// to 10 minutes.
+    pub retry_base_ms: u64,
     /// Origins allowed by CORS (`["https://app.example"]`, or `["*"]`); empty: no CORS
     /// headers at all.
     pub cors_origins: Vec<String>,
@@ -76,6 +83,8 @@ impl Default for ServerConfig {
             stream_timeout_ms: 600_000,
             shutdown_grace_ms: 30_000,
             lease_ttl_ms: 30_000,
+            max_attempts: 20,
+            retry_base_ms: 1_000,
             cors_origins: Vec::new(),
             agents: Vec::new(),
             public_url: None,
@@ -287,6 +296,8 @@ impl ServerConfig {
             ("stream_timeout_ms", self.stream_timeout_ms, 1000, DAY_MS),
             ("shutdown_grace_ms", self.shutdown_grace_ms, 0, HOUR_MS),
             ("lease_ttl_ms", self.lease_ttl_ms, 2000, DAY_MS),
+            ("max_attempts", u64::from(self.max_attempts), 1, 1000),
+            ("retry_base_ms", self.retry_base_ms, 1, HOUR_MS),
         ] {
             if value < min || value > max {
                 out.push((

@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::api::chat::{check_agent, check_run_limits, track};
-use crate::api::runs::{continue_on_worker, human_error, request_cancel};
+use crate::api::runs::{continue_on_worker, human_error, refuse_if_paused, request_cancel};
 use crate::auth;
 use crate::error::ApiError;
 use crate::follow::{load, wait_for_append};
@@ -614,6 +614,11 @@ impl KeelA2a {
                     .map_err(|e| {
                         RpcError::internal(format!("cannot load context {client}: {e}"))
                     })?;
+                // A paused run takes its answer on its own task, not a new one.
+                refuse_if_paused(&thread, &client).map_err(|e| {
+                    RpcError::unsupported(e.message)
+                        .with_reason("THREAD_PAUSED", e.details.map(|d| *d).unwrap_or_default())
+                })?;
                 (client, thread)
             }
             None => {

@@ -18,6 +18,9 @@ pub struct ApiError {
     pub message: String,
     /// Seconds to wait before retrying (429, 503).
     pub retry_after: Option<u64>,
+    /// Structured facts about the error (e.g. what a paused run waits for), when any
+    /// (boxed: errors stay small on the happy path's `Result`s).
+    pub details: Option<Box<serde_json::Value>>,
 }
 
 /// The body of every error response.
@@ -34,6 +37,12 @@ pub struct ErrorDetail {
     pub code: String,
     /// What went wrong and how to fix it.
     pub message: String,
+    /// Structured facts, for errors that have them: `thread_paused` gives the paused run's
+    /// `thread_id`, `run_id`, `status`, `awaiting` and how to `answer` it (each answer's
+    /// `method`, `path` and example `body`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub details: Option<serde_json::Value>,
 }
 
 impl ApiError {
@@ -44,7 +53,15 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            details: None,
         }
+    }
+
+    /// The error with structured `details` (see [`ErrorDetail::details`]).
+    #[must_use]
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = Some(Box::new(details));
+        self
     }
 
     /// 400 `invalid_request`.
@@ -109,6 +126,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code.to_string(),
                 message: self.message,
+                details: self.details.map(|details| *details),
             },
         };
         let mut response = (self.status, Json(body)).into_response();

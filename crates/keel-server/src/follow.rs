@@ -14,6 +14,7 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use keel_core::{Event, EventKind};
+use keel_store::JobState;
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 
@@ -304,7 +305,14 @@ pub enum Settled {
     Run(serde_json::Value),
     /// Still going when the wait ended: the run id when it started.
     Pending(Option<String>),
+    /// The job ended before any run of it started (it failed, died or was cancelled): its
+    /// record, with the reason.
+    JobEnded(keel_store::JobInfo),
 }
+
+/// How often a waiting chat whose run has not started looks its job up: a job that fails
+/// before its run starts writes no event to wake the wait.
+const JOB_LOOKUP: Duration = Duration::from_secs(1);
 
 /// Waits until the run recording `submission` on `store_id` ends or pauses, at most
 /// `timeout` (or until shutdown).
@@ -313,12 +321,34 @@ pub async fn wait_settled(
     store_id: &str,
     client_id: &str,
     submission: &str,
+    job_id: keel_store::JobId,
     timeout: Duration,
 ) -> Settled {
     let deadline = crate::state::deadline_after(timeout);
     let mut hub = state.hub.subscribe_thread(store_id);
     let mut own_run: Option<String> = None;
+    let mut next_lookup = tokio::time::Instant::now() + JOB_LOOKUP;
     loop {
+        if own_run.is_none() && tokio::time::Instant::now() >= next_lookup {
+            next_lookup = tokio::time::Instant::now() + JOB_LOOKUP;
+            // A lookup that fails decides nothing: the wait goes on.
+            if let Ok(Some(job)) = state.queue.job(job_id).await
+                && matches!(
+                    job.state,
+                    JobState::Failed | JobState::Dead | JobState::Cancelled
+                )
+            {
+                // Its run may have started and ended just before: the log says.
+                let started = load(state, store_id).await.is_some_and(|events| {
+                    events
+                        .iter()
+                        .any(|e| submission_of(e).as_deref() == Some(submission))
+                });
+                if !started {
+                    return Settled::JobEnded(job);
+                }
+            }
+        }
         if let Some(events) = load(state, store_id).await {
             if own_run.is_none() {
                 own_run = events

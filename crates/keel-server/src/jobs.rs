@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use keel_app::App;
 use keel_app::recipe::Recipe;
-use keel_app::worker::{JobAgents, JobPayload, JobStart};
+use keel_app::worker::{BuildError, JobAgents, JobPayload, JobStart};
 use keel_core::tool::CredentialSource;
 use keel_core::{CancellationToken, Event, EventStore, new_id};
 use keel_runtime::{Agent, RunContext, Thread};
@@ -83,7 +83,9 @@ pub async fn enqueue_new_as(
 }
 
 /// Queues the continuation of `thread`'s run in progress (paused for approval or the
-/// user, or interrupted): the job carries the run's own recipe and submission id.
+/// user, or interrupted): the job carries the run's own recipe and submission id, and is a
+/// queue continuation ([`RunQueue::enqueue_continuation`]), leased ahead of the thread's
+/// other queued jobs — a message waiting for this run never holds it up.
 pub async fn enqueue_continue(queue: &dyn RunQueue, thread: &Thread) -> Result<Queued, String> {
     let recorded = Recipe::recorded(thread.run_events())
         .map_err(|e| e.to_string())?
@@ -104,7 +106,12 @@ pub async fn enqueue_continue(queue: &dyn RunQueue, thread: &Thread) -> Result<Q
         base_seq,
         submission: submission.clone(),
     };
-    let job_id = enqueue(queue, thread.id(), &payload).await?;
+    // Ahead of the thread's other queued jobs, which may wait for this very run.
+    let value = serde_json::to_value(&payload).map_err(|e| format!("cannot queue the run: {e}"))?;
+    let job_id = queue
+        .enqueue_continuation(thread.id(), &value)
+        .await
+        .map_err(|e| format!("cannot queue the run: {e}"))?;
     Ok(Queued {
         job_id,
         submission: submission.unwrap_or_default(),
@@ -181,19 +188,26 @@ impl JobAgents for ServerJobs {
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
-    ) -> Result<(Box<dyn Agent>, RunContext), String> {
+    ) -> Result<(Box<dyn Agent>, RunContext), BuildError> {
         let built = spec
             .build_agent(&self.app, None)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(BuildError::from)?;
         let run_id = match start {
             JobStart::Resume { run_id, .. } => Some(run_id),
             JobStart::New => None,
         };
-        if let Some(run_id) = run_id
-            && self.serving.cancel_requested(run_id).await.unwrap_or(false)
-        {
-            cancel.cancel();
+        if let Some(run_id) = run_id {
+            // Fails closed: a run whose cancel cannot be looked up is not continued (the
+            // job is retried), never continued as if nobody had asked.
+            let asked = self.serving.cancel_requested(run_id).await.map_err(|e| {
+                BuildError::Transient(format!(
+                    "cannot tell whether run {run_id} was asked to cancel: {e}"
+                ))
+            })?;
+            if asked {
+                cancel.cancel();
+            }
         }
         let observer = Arc::new(HubObserver::new(
             self.hub.clone(),
@@ -238,14 +252,20 @@ fn spawn_cancel_watch(
                 continue;
             };
             drop(observer);
-            let asked = tokio::time::timeout(CANCEL_POLL * 8, serving.cancel_requested(&run_id))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or(false);
-            if asked {
-                cancel.cancel();
-                return;
+            // A lookup that fails or hangs decides nothing: the next poll asks again (the
+            // run's lease, renewed on its own, stops the run if the store stays away).
+            match tokio::time::timeout(CANCEL_POLL * 8, serving.cancel_requested(&run_id)).await {
+                Ok(Ok(true)) => {
+                    cancel.cancel();
+                    return;
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "keel::worker", "run {run_id}: cannot look up cancels: {e}");
+                }
+                Err(_) => {
+                    tracing::warn!(target: "keel::worker", "run {run_id}: the cancel lookup timed out");
+                }
             }
         }
     });

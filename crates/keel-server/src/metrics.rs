@@ -3,6 +3,7 @@
 //! limit refusals; open streams; and, read at scrape time, the run queue's counts and the
 //! runs this process drives.
 
+use keel_store::QueueCounts;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -39,7 +40,7 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges read at scrape time.
-    pub fn render(&self, queued: Option<(u64, u64)>, running_here: usize) -> String {
+    pub fn render(&self, queue: Option<QueueCounts>, running_here: usize) -> String {
         let mut out = String::new();
         out.push_str("# HELP keel_server_requests_total HTTP requests served.\n");
         out.push_str("# TYPE keel_server_requests_total counter\n");
@@ -82,11 +83,19 @@ impl Metrics {
             out,
             "# HELP keel_server_runs_driving Runs driven by this process's workers now.\n# TYPE keel_server_runs_driving gauge\nkeel_server_runs_driving {running_here}"
         );
-        if let Some((queued, leased)) = queued {
-            let _ = writeln!(
-                out,
-                "# HELP keel_queue_jobs Jobs of the run queue by state.\n# TYPE keel_queue_jobs gauge\nkeel_queue_jobs{{state=\"queued\"}} {queued}\nkeel_queue_jobs{{state=\"leased\"}} {leased}"
+        if let Some(counts) = queue {
+            out.push_str(
+                "# HELP keel_queue_jobs Jobs of the run queue by state.\n# TYPE keel_queue_jobs gauge\n",
             );
+            for (state, n) in [
+                ("queued", counts.queued),
+                ("leased", counts.leased),
+                ("failed", counts.failed),
+                ("dead", counts.dead),
+                ("cancelled", counts.cancelled),
+            ] {
+                let _ = writeln!(out, "keel_queue_jobs{{state=\"{state}\"}} {n}");
+            }
         }
         out
     }

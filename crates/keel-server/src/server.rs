@@ -29,7 +29,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::{ApiDoc, chat, runs, system, threads};
+use crate::api::{ApiDoc, chat, jobs, runs, system, threads};
 use crate::auth;
 use crate::hub::Hub;
 use crate::jobs::ServerJobs;
@@ -192,6 +192,8 @@ impl Server {
                 poll: self.state.poll,
                 exit_when_idle: false,
                 policy: JobPolicy::default(),
+                max_attempts: config.max_attempts,
+                retry_base: Duration::from_millis(config.retry_base_ms),
             };
             let worker = Worker::new(
                 self.state.events.clone(),
@@ -284,6 +286,8 @@ fn build_router(state: &AppState, bound: Option<SocketAddr>) -> Router {
         .routes(routes!(runs::cancel_run))
         .routes(routes!(runs::decide))
         .routes(routes!(runs::reply))
+        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::cancel_job))
         .routes(routes!(system::metrics))
         .split_for_parts();
     let keyed = keyed.route_layer(from_fn_with_state(state.clone(), auth::require_key));

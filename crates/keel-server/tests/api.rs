@@ -46,6 +46,8 @@ async fn system_routes_and_the_openapi_document() {
         "/v1/threads/{thread_id}/runs/{run_id}/cancel",
         "/v1/threads/{thread_id}/approvals/{call_id}",
         "/v1/threads/{thread_id}/reply",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/cancel",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -56,6 +58,12 @@ async fn system_routes_and_the_openapi_document() {
         );
     }
     assert!(h.openapi["paths"]["/v1/chat"]["post"]["security"].is_array());
+    // A chat on a paused thread is a documented 409 naming how to answer it.
+    let conflict = h.openapi["paths"]["/v1/chat"]["post"]["responses"]["409"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(conflict.contains("thread_paused"), "{conflict}");
+    assert!(conflict.contains("/approvals/"), "{conflict}");
     assert!(h.openapi["components"]["schemas"]["ChatRequest"].is_object());
     let served = h
         .client

@@ -56,7 +56,7 @@ pub struct Harness {
 
 /// An agent `bot` with the calculator (each call needs approval) and `delay`, answered by
 /// the mock; `extra` adds keel.toml text (e.g. `[server.tenants.x]`).
-fn keel_toml(mock: &str, extra: &str) -> String {
+fn keel_toml(mock: &str, extra: &str, workers: usize) -> String {
     format!(
         r#"
 [providers.openai]
@@ -71,7 +71,7 @@ tools = ["calculator", "delay"]
 calculator = "ask"
 
 [server]
-workers = 2
+workers = {workers}
 request_timeout_ms = 60000
 {extra}
 "#
@@ -110,6 +110,16 @@ impl Harness {
     /// A server over `backend` whose agents the mock answers with `script` (turns by
     /// conversation, so every thread follows the script from its start).
     pub async fn start(backend: Backend, script: Value, extra_toml: &str) -> Self {
+        Self::start_with_workers(backend, script, extra_toml, 2).await
+    }
+
+    /// [`Harness::start`] with `workers` embedded workers (0: queued jobs stay queued).
+    pub async fn start_with_workers(
+        backend: Backend,
+        script: Value,
+        extra_toml: &str,
+        workers: usize,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut script = script;
         script["turn_by"] = json!("conversation");
@@ -119,8 +129,12 @@ impl Harness {
         let (store, postgres) = open_store(backend, dir.path()).await;
         let env: keel_app::Env =
             Arc::new(|name: &str| (name == "OPENAI_API_KEY").then(|| "sk-test".to_string()));
-        let app =
-            App::from_toml_str(&keel_toml(&mock.base_url(), extra_toml), dir.path(), env).unwrap();
+        let app = App::from_toml_str(
+            &keel_toml(&mock.base_url(), extra_toml, workers),
+            dir.path(),
+            env,
+        )
+        .unwrap();
         let config = app.config().server.clone();
         let server = Server::new(Arc::new(app), &store, config).unwrap();
         let openapi: Value = serde_json::from_str(&server.openapi_json()).unwrap();

@@ -19,5 +19,6 @@ mod chat;
 mod credentials;
 mod hosts;
 mod load;
+mod paused;
 mod tenancy;
 mod ui;

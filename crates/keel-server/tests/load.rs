@@ -42,6 +42,13 @@ impl RunQueue for CountingQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
         self.inner.enqueue(thread_id, payload).await
     }
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        self.inner.enqueue_continuation(thread_id, payload).await
+    }
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
         self.inner.acquire(worker_id, ttl).await
     }
@@ -59,6 +66,15 @@ impl RunQueue for CountingQueue {
     }
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
         self.inner.fail(lease, error).await
+    }
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        self.inner.snooze(lease, delay).await
+    }
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        self.inner.dead_letter(lease, error).await
+    }
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        self.inner.cancel_queued(job_id, reason).await
     }
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
         self.lookups.fetch_add(1, Ordering::SeqCst);

@@ -13,7 +13,7 @@ async fn tenant_b_gets_404_for_everything_of_tenant_a(backend: Backend) {
     let h = Harness::start(backend, script, "").await;
     let a = h.key("alpha").await;
     let b = h.key("beta").await;
-    let (_, _, paused) = h
+    let (_, headers, paused) = h
         .send(
             "POST",
             "/v1/chat",
@@ -22,6 +22,7 @@ async fn tenant_b_gets_404_for_everything_of_tenant_a(backend: Backend) {
         )
         .await;
     assert_eq!(paused["status"], "awaiting_approval", "{paused}");
+    let job = headers["x-keel-job-id"].to_str().unwrap().to_string();
     let thread = paused["thread_id"].as_str().unwrap().to_string();
     let run = paused["run_id"].as_str().unwrap().to_string();
     let call = paused["awaiting"]["call_id"].as_str().unwrap().to_string();
@@ -35,7 +36,8 @@ async fn tenant_b_gets_404_for_everything_of_tenant_a(backend: Backend) {
             let path = template
                 .replace("{thread_id}", &thread)
                 .replace("{run_id}", &run)
-                .replace("{call_id}", &call);
+                .replace("{call_id}", &call)
+                .replace("{job_id}", &job);
             let body = match (method.as_str(), template.as_str()) {
                 ("POST", "/v1/chat") => {
                     Some(json!({"agent": "bot", "thread_id": thread, "message": "hi"}))

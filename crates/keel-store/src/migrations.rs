@@ -33,6 +33,7 @@ pub(crate) const SQLITE: &[MigrationFile] = migration_files!("sqlite":
     "0008_run_metrics.sql",
     "0009_threads_without_rowid.sql",
     "0010_event_body_without_columns.sql",
+    "0011_queue_continuations.sql",
 );
 
 /// `migrations/postgres`, in order.
@@ -46,6 +47,7 @@ pub(crate) const POSTGRES: &[MigrationFile] = migration_files!("postgres":
     "0007_run_index.sql",
     "0008_run_metrics.sql",
     "0009_append_group_linear.sql",
+    "0010_queue_continuations.sql",
 );
 
 /// The migrator of one backend's files.

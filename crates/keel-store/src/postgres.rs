@@ -437,11 +437,39 @@ impl EventStore for PostgresStore {
 
     async fn delete_thread(&self, thread_id: &str) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
-        sqlx::query("DELETE FROM events WHERE thread_id = $1")
-            .bind(thread_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| backend("postgres delete events", e))?;
+        // The thread's row first: an append committing meanwhile waits for this delete and
+        // then finds the thread gone (a conflict), instead of leaving events that no thread
+        // holds; then the queue's lock of the thread, so no job of it is enqueued meanwhile.
+        for (sql, what) in [
+            (
+                "SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE",
+                "postgres lock thread",
+            ),
+            (
+                crate::queue::LOCK_THREAD_SQL,
+                "postgres lock thread's queue",
+            ),
+            (
+                "DELETE FROM events WHERE thread_id = $1",
+                "postgres delete events",
+            ),
+            // Its jobs (their payloads hold the user's messages), but not one a worker
+            // holds: that worker ends it.
+            (
+                "DELETE FROM run_queue WHERE thread_id = $1 AND state <> 'leased'",
+                "postgres delete thread's jobs",
+            ),
+            (
+                "DELETE FROM run_cancellations WHERE thread_id = $1",
+                "postgres delete thread's cancellations",
+            ),
+        ] {
+            sqlx::query(sql)
+                .bind(thread_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| backend(what, e))?;
+        }
         let gone = sqlx::query("DELETE FROM threads WHERE thread_id = $1")
             .bind(thread_id)
             .execute(&mut *tx)

@@ -503,6 +503,18 @@ impl EventStore for SqliteStore {
             .call(AppendDurability::Default, move |conn: &Connection| {
                 conn.execute("DELETE FROM events WHERE thread_id = ?1", [&thread])
                     .map_err(|e| backend("sqlite delete events", e))?;
+                // Its jobs (their payloads hold the user's messages) but one a worker
+                // holds, and its cancellations. One writer: no append or enqueue between.
+                conn.execute(
+                    "DELETE FROM run_queue WHERE thread_id = ?1 AND state <> 'leased'",
+                    [&thread],
+                )
+                .map_err(|e| backend("sqlite delete thread's jobs", e))?;
+                conn.execute(
+                    "DELETE FROM run_cancellations WHERE thread_id = ?1",
+                    [&thread],
+                )
+                .map_err(|e| backend("sqlite delete thread's cancellations", e))?;
                 let gone = conn
                     .execute("DELETE FROM threads WHERE thread_id = ?1", [&thread])
                     .map_err(|e| backend("sqlite delete thread", e))?;

@@ -57,14 +57,16 @@ pub trait JobAgents: Send + Sync + 'static {
     fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Self::Spec>, String>;
 
     /// Builds the agent of `spec` and its run context over `store` (no terminal: approvals
-    /// pause the run), cancelled by `cancel`. An error fails the job (no retry).
+    /// pause the run), cancelled by `cancel`. A [`BuildError::Transient`] error retries
+    /// the job (with backoff, up to the worker's `max_attempts`, then it is dead-lettered
+    /// with the error); a [`BuildError::Permanent`] one fails it at once with its message.
     async fn build(
         &self,
         spec: &Self::Spec,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
-    ) -> Result<(Box<dyn Agent>, RunContext), String>;
+    ) -> Result<(Box<dyn Agent>, RunContext), BuildError>;
 
     /// Where the tools of the runs on `thread_id` resolve their credentials, set on the
     /// context [`build`](Self::build) returns (see [`RunContext::credentials`]). `None`
@@ -72,6 +74,41 @@ pub trait JobAgents: Send + Sync + 'static {
     /// answers with the credentials of the thread's tenant.
     fn credentials(&self, _thread_id: &str) -> Option<Arc<dyn CredentialSource>> {
         None
+    }
+}
+
+/// Why a job's agent could not be built ([`JobAgents::build`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// It may work on a later attempt (the store, the network or an MCP server failed):
+    /// the job is retried.
+    #[error("{0}")]
+    Transient(String),
+    /// It can never work (an unknown agent or tool, a recipe refused by policy, a bad
+    /// configuration): the job fails with this message.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl From<crate::AppError> for BuildError {
+    /// Store and tool (MCP server, HTTP tool) failures are transient; the rest is not.
+    fn from(error: crate::AppError) -> Self {
+        if error.is_transient() {
+            Self::Transient(error.to_string())
+        } else {
+            Self::Permanent(error.to_string())
+        }
+    }
+}
+
+impl From<BuildError> for JobFailure {
+    fn from(error: BuildError) -> Self {
+        match error {
+            BuildError::Transient(message) => {
+                JobFailure::Transient(format!("cannot build the agent: {message}"))
+            }
+            BuildError::Permanent(message) => JobFailure::Permanent(message),
+        }
     }
 }
 
@@ -151,9 +188,11 @@ pub async fn submit<S: Serialize>(
 pub(super) enum JobFailure {
     /// Retrying cannot help: the job fails.
     Permanent(String),
-    /// The store failed or another process drives the thread: the job is retried.
+    /// The store failed or another process drives the thread: the job is retried (up to
+    /// the worker's `max_attempts`, then dead-lettered).
     Transient(String),
-    /// The thread has a run in progress that is not this job's: the job waits for it.
+    /// The thread has a run in progress that is not this job's: the job waits for it
+    /// (snoozed: waiting uses up no attempt).
     Wait(String),
 }
 
@@ -214,7 +253,7 @@ pub(super) async fn drive<A: JobAgents>(
             let (agent, context) = agents
                 .build(&spec, start, store.clone(), cancel)
                 .await
-                .map_err(Permanent)?;
+                .map_err(JobFailure::from)?;
             let context = with_credentials(agents, thread_id, context);
             agent.resume(&mut thread, &context).await
         }
@@ -237,7 +276,7 @@ pub(super) async fn drive<A: JobAgents>(
             let (agent, context) = agents
                 .build(&spec, JobStart::New, store.clone(), cancel)
                 .await
-                .map_err(Permanent)?;
+                .map_err(JobFailure::from)?;
             let context = with_credentials(agents, thread_id, context);
             agent
                 .run(

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 pub use allow::{JobPolicy, LOOPBACK, display_url};
 pub use job::{
-    JobAgents, JobPayload, JobSpec, JobStart, SubmitError, Submitted, run_error, submit,
+    BuildError, JobAgents, JobPayload, JobSpec, JobStart, SubmitError, Submitted, run_error, submit,
 };
 pub use lease::{FencedStore, LeaseKeeper, Loss};
 
@@ -61,11 +61,19 @@ pub struct WorkerOptions {
     pub exit_when_idle: bool,
     /// What jobs may make this worker do with its credentials.
     pub policy: JobPolicy,
+    /// Attempts a job gets (acquisitions, a takeover after a crash included; waiting for
+    /// another run of the thread is not one): a job that fails transiently on its last
+    /// attempt, or is leased again after it, is dead-lettered with its last error. At
+    /// least 1.
+    pub max_attempts: u32,
+    /// The first retry's delay; each later retry waits twice as long as the one before,
+    /// up to [`MAX_RETRY_DELAY`].
+    pub retry_base: Duration,
 }
 
 impl Default for WorkerOptions {
     /// `worker-PID`, a 30 s lease, one run at a time, polling every 500 ms, nothing
-    /// custom allowed.
+    /// custom allowed, [`DEFAULT_MAX_ATTEMPTS`] attempts with retries from 1 s.
     fn default() -> Self {
         Self {
             worker_id: default_worker_id(),
@@ -74,8 +82,27 @@ impl Default for WorkerOptions {
             poll: Duration::from_millis(500),
             exit_when_idle: false,
             policy: JobPolicy::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry_base: Duration::from_secs(1),
         }
     }
+}
+
+/// The default [`WorkerOptions::max_attempts`]: with retries from 1 s doubling up to
+/// [`MAX_RETRY_DELAY`], a job failing every time is dead-lettered after about 2 h 15 min.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
+
+/// The longest delay between two attempts of a job.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(600);
+
+/// How long a job whose thread has another run in progress waits before it looks again.
+const WAIT_RECHECK: Duration = Duration::from_secs(2);
+
+/// The delay before the next attempt of a job whose attempt `attempts` failed: `base`,
+/// doubled with every attempt, at most [`MAX_RETRY_DELAY`].
+pub fn retry_delay(base: Duration, attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(31);
+    base.saturating_mul(1u32 << doublings).min(MAX_RETRY_DELAY)
 }
 
 /// `worker-PID`.
@@ -90,6 +117,8 @@ pub struct WorkerReport {
     pub completed: u64,
     /// Jobs failed for good (bad payload, refused or unbuildable agent).
     pub failed: u64,
+    /// Jobs dead-lettered: they failed on every attempt allowed (`max_attempts`).
+    pub dead: u64,
     /// Jobs given back to be retried (store failure, another process drove the thread).
     pub retried: u64,
     /// Jobs given back to wait for another run on their thread.
@@ -104,6 +133,7 @@ pub struct WorkerReport {
 struct Counters {
     completed: AtomicU64,
     failed: AtomicU64,
+    dead: AtomicU64,
     retried: AtomicU64,
     waited: AtomicU64,
     lost: AtomicU64,
@@ -115,6 +145,7 @@ impl Counters {
         WorkerReport {
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
@@ -148,6 +179,8 @@ struct Shared<A> {
     poll: Duration,
     exit_when_idle: bool,
     policy: JobPolicy,
+    max_attempts: u32,
+    retry_base: Duration,
     log: WorkerLog,
     shutdown: CancellationToken,
     /// After shutdown, how long runs in progress may go on before they are interrupted
@@ -195,6 +228,11 @@ impl<A: JobAgents> Worker<A> {
                 "a worker's concurrency must be at least 1".into(),
             ));
         }
+        if options.max_attempts == 0 {
+            return Err(AppError::Invalid(
+                "a worker's max_attempts must be at least 1".into(),
+            ));
+        }
         Ok(Self {
             concurrency: options.concurrency,
             shared: Shared {
@@ -206,6 +244,8 @@ impl<A: JobAgents> Worker<A> {
                 poll: options.poll.max(Duration::from_millis(1)),
                 exit_when_idle: options.exit_when_idle,
                 policy: options.policy,
+                max_attempts: options.max_attempts,
+                retry_base: options.retry_base,
                 log: Arc::new(|_: &str| {}),
                 shutdown: CancellationToken::new(),
                 grace: None,
@@ -303,6 +343,23 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
     let thread_id = lease.thread_id.clone();
     let payload = lease.payload.clone();
     let attempts = lease.attempts;
+    if attempts > shared.max_attempts && keel_store::claim_holder(&payload).is_none() {
+        // Its earlier attempts never ended (the worker crashed, or lost the lease, every
+        // time): a job that takes its worker down is not tried forever. (An expired
+        // claim's row is only closed, however often it was taken over.)
+        let last = match shared.queue.job(job).await {
+            Ok(Some(info)) => info.error.map(|e| format!("; last error: {e}")),
+            _ => None,
+        };
+        let message = format!(
+            "leased {attempts} times, over max_attempts ({}): no attempt ended (its worker \
+             crashed or lost the lease each time){}",
+            shared.max_attempts,
+            last.unwrap_or_default()
+        );
+        dead_letter(shared, &lease, &message).await;
+        return;
+    }
     let cancel = CancellationToken::new();
     let keeper = Arc::new(LeaseKeeper::new(
         shared.queue.clone(),
@@ -383,7 +440,6 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
         return;
     }
     let Some(result) = result else { return };
-    let backoff = (shared.poll * attempts.max(1)).min(Duration::from_secs(30));
     match result {
         Ok(status) => {
             counters.completed.fetch_add(1, Ordering::Relaxed);
@@ -402,24 +458,50 @@ async fn drive_job<A: JobAgents>(shared: &Shared<A>, lease: Lease, sent: Instant
                 shared.say(&format!("job {job}: recording the failure failed: {e}"));
             }
         }
+        Err(JobFailure::Transient(message)) if attempts >= shared.max_attempts => {
+            let message = format!(
+                "{message} (attempt {attempts} of {}: dead-lettered)",
+                shared.max_attempts
+            );
+            dead_letter(shared, &lease, &message).await;
+        }
         Err(JobFailure::Transient(message)) => {
             counters.retried.fetch_add(1, Ordering::Relaxed);
+            let delay = retry_delay(shared.retry_base, attempts);
             shared.say(&format!(
-                "job {job} thread {thread_id}: {message}; retrying in {backoff:?}"
+                "job {job} thread {thread_id}: {message}; attempt {attempts} of {}, retrying in \
+                 {delay:?}",
+                shared.max_attempts
             ));
-            if let Err(e) = shared.queue.retry_later(&lease, backoff).await {
+            if let Err(e) = shared.queue.retry_later(&lease, delay).await {
                 shared.say(&format!("job {job}: giving the job back failed: {e}"));
             }
         }
         Err(JobFailure::Wait(message)) => {
             counters.waited.fetch_add(1, Ordering::Relaxed);
+            let delay = WAIT_RECHECK.min(shared.poll.saturating_mul(4));
             shared.say(&format!(
-                "job {job} thread {thread_id}: waits: {message}; next look in {backoff:?}"
+                "job {job} thread {thread_id}: waits: {message}; next look in {delay:?}"
             ));
-            if let Err(e) = shared.queue.retry_later(&lease, backoff).await {
+            if let Err(e) = shared.queue.snooze(&lease, delay).await {
                 shared.say(&format!("job {job}: giving the job back failed: {e}"));
             }
         }
+    }
+}
+
+/// Ends a job `dead` with `message` (its last error).
+async fn dead_letter<A: JobAgents>(shared: &Shared<A>, lease: &Lease, message: &str) {
+    shared.counters.dead.fetch_add(1, Ordering::Relaxed);
+    shared.say(&format!(
+        "job {} thread {}: dead: {message}",
+        lease.job_id, lease.thread_id
+    ));
+    if let Err(e) = shared.queue.dead_letter(lease, message).await {
+        shared.say(&format!(
+            "job {}: recording the dead letter failed: {e}",
+            lease.job_id
+        ));
     }
 }
 

@@ -67,7 +67,7 @@ impl JobAgents for Scripted {
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
-    ) -> Result<(Box<dyn Agent>, RunContext), String> {
+    ) -> Result<(Box<dyn Agent>, RunContext), BuildError> {
         let mut step = ScriptStep::text(&spec.reply);
         if matches!(start, JobStart::New) {
             step.delay_ms = spec.slow_ms;
@@ -84,6 +84,136 @@ impl JobAgents for Scripted {
         let agent = agent.build();
         Ok((Box::new(agent), RunContext::new(store).with_cancel(cancel)))
     }
+}
+
+/// Builds like [`Scripted`] once its build failed `fails` times with `error`.
+struct Flaky {
+    fails: std::sync::atomic::AtomicU32,
+    error: BuildError,
+}
+
+impl Flaky {
+    fn new(fails: u32, error: BuildError) -> Self {
+        Self {
+            fails: std::sync::atomic::AtomicU32::new(fails),
+            error,
+        }
+    }
+}
+
+#[async_trait]
+impl JobAgents for Flaky {
+    type Spec = Spec;
+
+    fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Spec>, String> {
+        Scripted.recorded(run_events)
+    }
+
+    async fn build(
+        &self,
+        spec: &Spec,
+        start: JobStart<'_>,
+        store: Arc<dyn EventStore>,
+        cancel: CancellationToken,
+    ) -> Result<(Box<dyn Agent>, RunContext), BuildError> {
+        let failed = self
+            .fails
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if failed {
+            return Err(self.error.clone());
+        }
+        Scripted.build(spec, start, store, cancel).await
+    }
+}
+
+/// One job on a fresh memory store and queue, driven until idle by `agents` with at most
+/// `max_attempts` attempts (retries 1 ms apart, doubling): the report, the job, the log.
+async fn drive_one<A: JobAgents<Spec = Spec>>(
+    agents: A,
+    max_attempts: u32,
+) -> (WorkerReport, keel_store::JobInfo, String) {
+    let events: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let queue: Arc<dyn RunQueue> = Arc::new(MemoryRunQueue::default());
+    let job = submit(
+        events.as_ref(),
+        queue.as_ref(),
+        None,
+        spec("built", None),
+        "hi".into(),
+    )
+    .await
+    .unwrap();
+    let (lines, log) = collect();
+    let options = WorkerOptions {
+        max_attempts,
+        retry_base: Duration::from_millis(1),
+        ..options()
+    };
+    let worker = Worker::new(events.clone(), queue.clone(), agents, options)
+        .unwrap()
+        .with_log(log);
+    let report = tokio::time::timeout(DEADLINE, worker.run()).await.unwrap();
+    let info = queue.job(job.job_id).await.unwrap().unwrap();
+    let lines = lines.lock().unwrap().join("\n");
+    (report, info, lines)
+}
+
+#[tokio::test]
+async fn a_transient_build_error_retries_the_job_until_it_runs() {
+    let agents = Flaky::new(2, BuildError::Transient("store unreachable".into()));
+    let (report, info, lines) = drive_one(agents, 5).await;
+    assert_eq!(
+        (report.retried, report.completed),
+        (2, 1),
+        "{report:?} {lines}"
+    );
+    assert_eq!((info.state, info.attempts), (JobState::Done, 3), "{info:?}");
+    assert!(lines.contains("attempt 1 of 5"), "{lines}");
+}
+
+#[tokio::test]
+async fn a_job_failing_on_every_attempt_is_dead_lettered_with_its_last_error() {
+    let agents = Flaky::new(u32::MAX, BuildError::Transient("store unreachable".into()));
+    let (report, info, lines) = drive_one(agents, 3).await;
+    assert_eq!((report.retried, report.dead), (2, 1), "{report:?} {lines}");
+    assert_eq!((info.state, info.attempts), (JobState::Dead, 3), "{info:?}");
+    let error = info.error.unwrap();
+    assert!(error.contains("store unreachable"), "{error}");
+    assert!(error.contains("attempt 3 of 3"), "{error}");
+}
+
+#[tokio::test]
+async fn a_permanent_build_error_fails_the_job_at_once_with_its_message() {
+    let agents = Flaky::new(
+        u32::MAX,
+        BuildError::Permanent("agent `ghost` is neither an [agents.<name>] entry".into()),
+    );
+    let (report, info, lines) = drive_one(agents, 5).await;
+    assert_eq!(
+        (report.failed, report.retried),
+        (1, 0),
+        "{report:?} {lines}"
+    );
+    assert_eq!(
+        (info.state, info.attempts),
+        (JobState::Failed, 1),
+        "{info:?}"
+    );
+    assert!(info.error.unwrap().contains("agent `ghost`"));
+}
+
+#[test]
+fn retries_back_off_exponentially_up_to_a_cap() {
+    let base = Duration::from_secs(1);
+    let delays: Vec<u64> = (1..=12).map(|a| retry_delay(base, a).as_secs()).collect();
+    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+    assert_eq!(retry_delay(base, u32::MAX), MAX_RETRY_DELAY);
+    assert_eq!(retry_delay(base, 0), base);
 }
 
 fn spec(reply: &str, base_url: Option<&str>) -> Spec {
@@ -252,6 +382,10 @@ fn options_out_of_range_are_refused() {
         },
         WorkerOptions {
             concurrency: 0,
+            ..options()
+        },
+        WorkerOptions {
+            max_attempts: 0,
             ..options()
         },
     ] {

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::runs::refuse_if_paused;
 use super::{ApiJson, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
 use crate::follow::{Follow, Settled, Until, event_stream, wait_settled};
@@ -66,9 +67,14 @@ pub struct Accepted {
     pub status: String,
     /// Where to follow it (SSE).
     pub events_url: String,
+    /// Its job in the run queue (`GET /v1/jobs/{job_id}`; `POST /v1/jobs/{job_id}/cancel`
+    /// while it is queued).
+    pub job_id: keel_store::JobId,
 }
 
-/// Starts (or continues) a conversation.
+/// Starts (or continues) a conversation. A thread whose run is paused (awaiting approval
+/// or the user's answer) takes no new message until that run is answered: `409
+/// thread_paused` says what it waits for and how to answer it.
 #[utoipa::path(
     post,
     path = "/v1/chat",
@@ -81,7 +87,10 @@ pub struct Accepted {
         (status = 200, description = "`stream: true`: text/event-stream of the run's events (`id:` = sequence number), `text_delta`s, then `outcome`", content_type = "text/event-stream"),
         (status = 400, description = "Bad request (names the field)", body = ErrorBody),
         (status = 404, description = "No such thread", body = ErrorBody),
+        (status = 409, description = "`thread_paused`: the thread's run is paused, awaiting approval or the user's answer; nothing is queued. `error.details` names the run (`thread_id`, `run_id`, `status`: `awaiting_approval` or `awaiting_user`), what it waits for (`awaiting`: `call_id` and `tool`, or `question`) and how to answer it (`answer`: `approve` and `deny` — POST /v1/threads/{thread_id}/approvals/{call_id} — or `reply` — POST /v1/threads/{thread_id}/reply — and `cancel`, each with `method`, `path` and an example `body`). Answer it, then send the message again. Or `job_cancelled`: the queued run was cancelled (`POST /v1/jobs/{job_id}/cancel`) before it started", body = ErrorBody),
+        (status = 422, description = "`job_failed`: the run could not be started and never can be (e.g. its agent cannot be built); `error.details` has the job and its reason", body = ErrorBody),
         (status = 429, description = "A per-tenant limit (Retry-After)", body = ErrorBody),
+        (status = 503, description = "`job_dead`: the run could not be started on any of its `[server] max_attempts` attempts; `error.details.error` is the last error", body = ErrorBody),
     )
 )]
 pub async fn chat(
@@ -97,7 +106,11 @@ pub async fn chat(
         ));
     }
     let (client_id, thread) = match &request.thread_id {
-        Some(id) => (id.clone(), tenant_thread(&state, &tenant, id).await?),
+        Some(id) => {
+            let thread = tenant_thread(&state, &tenant, id).await?;
+            refuse_if_paused(&thread, id)?;
+            (id.clone(), thread)
+        }
         None => {
             let (client, store) = tenant.new_thread();
             (client, Thread::with_id(store))
@@ -138,11 +151,13 @@ pub async fn chat(
             thread.id(),
             &client_id,
             &queued.submission,
+            queued.job_id,
             state.request_timeout(),
         )
         .await;
         match settled {
             Settled::Run(run) => axum::Json(run).into_response(),
+            Settled::JobEnded(job) => job_ended(&job, &client_id).into_response(),
             Settled::Pending(run_id) => (
                 StatusCode::ACCEPTED,
                 axum::Json(json!(Accepted {
@@ -155,6 +170,7 @@ pub async fn chat(
                     run_id,
                     events_url: format!("/v1/threads/{client_id}/events"),
                     thread_id: client_id.clone(),
+                    job_id: queued.job_id,
                 })),
             )
                 .into_response(),
@@ -163,7 +179,57 @@ pub async fn chat(
     if let Some(value) = header {
         response.headers_mut().insert("x-keel-thread-id", value);
     }
+    response
+        .headers_mut()
+        .insert("x-keel-job-id", HeaderValue::from(queued.job_id));
     Ok(response)
+}
+
+/// The answer to a chat whose job ended before its run started: `422 job_failed` (it can
+/// never work, e.g. its agent cannot be built), `503 job_dead` (it failed on every attempt
+/// allowed; `Retry-After`) or `409 job_cancelled`, with the job's reason and record.
+fn job_ended(job: &keel_store::JobInfo, client_id: &str) -> ApiError {
+    let reason = job
+        .error
+        .as_deref()
+        .unwrap_or("no reason was recorded")
+        .replace(&job.thread_id, client_id);
+    let (status, code, what) = match job.state {
+        JobState::Dead => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "job_dead",
+            format!("failed on each of its {} attempts", job.attempts),
+        ),
+        JobState::Cancelled => (
+            StatusCode::CONFLICT,
+            "job_cancelled",
+            "was cancelled".into(),
+        ),
+        _ => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "job_failed",
+            "failed and cannot succeed".into(),
+        ),
+    };
+    let mut error = ApiError::new(
+        status,
+        code,
+        format!(
+            "the run was not started: job {} {what}: {reason}",
+            job.job_id
+        ),
+    )
+    .with_details(json!({
+        "job_id": job.job_id,
+        "thread_id": client_id,
+        "state": job.state.as_str(),
+        "attempts": job.attempts,
+        "error": reason,
+    }));
+    if job.state == JobState::Dead {
+        error.retry_after = Some(30);
+    }
+    error
 }
 
 /// The user's text of a request: `message`, or the `messages` (all `user`) joined.

@@ -4,6 +4,7 @@
 //! shared lookups (a tenant's thread, a run's events).
 
 pub mod chat;
+pub mod jobs;
 pub mod runs;
 pub mod system;
 pub mod threads;

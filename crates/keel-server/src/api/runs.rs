@@ -282,6 +282,75 @@ pub async fn reply(
         .into_response())
 }
 
+/// Refuses a new run on a thread whose run is paused — awaiting approval or the user's
+/// answer — with `409 thread_paused`: what the run waits for and how to answer it (the
+/// approve/deny, reply and cancel endpoints), in the message and in `details`. A message
+/// queued there would wait for that run, which only an answer continues; answered, the
+/// run ends and the thread takes the message. `client_id` is the thread's id as the client
+/// knows it.
+pub(crate) fn refuse_if_paused(thread: &Thread, client_id: &str) -> Result<(), ApiError> {
+    if !thread.state().run_in_progress() {
+        return Ok(());
+    }
+    let run_id = thread
+        .state()
+        .run()
+        .map(|r| r.run_id.clone())
+        .unwrap_or_default();
+    let cancel_path = format!("/v1/threads/{client_id}/runs/{run_id}/cancel");
+    let cancel = json!({"method": "POST", "path": cancel_path});
+    let (status, awaiting, answer, how) = match position(thread.run_events()) {
+        RunPosition::Settled(keel_runtime::RunStatus::AwaitingApproval { call_id, tool }) => {
+            let path = format!("/v1/threads/{client_id}/approvals/{call_id}");
+            let how = format!(
+                "is awaiting approval of call {call_id} ({tool}): approve it with POST {path}                  {{\"decision\": \"approve\"}} or deny it with {{\"decision\": \"deny\", \
+                 \"reason\": \"...\"}}, or cancel the run with POST {cancel_path}"
+            );
+            (
+                "awaiting_approval",
+                json!({"call_id": call_id, "tool": tool}),
+                json!({
+                    "approve": {"method": "POST", "path": path, "body": {"decision": "approve"}},
+                    "deny": {"method": "POST", "path": path, "body": {"decision": "deny", "reason": "..."}},
+                    "cancel": cancel,
+                }),
+                how,
+            )
+        }
+        RunPosition::AwaitingUser(question) => {
+            let path = format!("/v1/threads/{client_id}/reply");
+            let how = format!(
+                "is waiting for the user's answer to {question:?}: answer it with POST {path}                  {{\"answer\": \"...\"}}, or cancel the run with POST {cancel_path}"
+            );
+            (
+                "awaiting_user",
+                json!({"question": question}),
+                json!({
+                    "reply": {"method": "POST", "path": path, "body": {"answer": "..."}},
+                    "cancel": cancel,
+                }),
+                how,
+            )
+        }
+        // Running (or interrupted): the message is queued behind the run's own job.
+        _ => return Ok(()),
+    };
+    Err(ApiError::conflict(
+        "thread_paused",
+        format!(
+            "thread {client_id}'s run {run_id} {how}; then send this message again (a message \
+             is not queued behind a paused run: it would wait for an answer that only you can give)"
+        ),
+    )
+    .with_details(json!({
+        "thread_id": client_id,
+        "run_id": run_id,
+        "status": status,
+        "awaiting": awaiting,
+        "answer": answer,
+    })))
+}
+
 pub(crate) async fn continue_on_worker(state: &AppState, thread: &Thread) -> Result<(), ApiError> {
     enqueue_continue(state.queue.as_ref(), thread)
         .await

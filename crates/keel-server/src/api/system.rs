@@ -60,8 +60,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     let counts = tokio::time::timeout(Duration::from_secs(5), state.queue.counts())
         .await
         .ok()
-        .and_then(Result::ok)
-        .map(|c| (c.queued, c.leased));
+        .and_then(Result::ok);
     let text = state.metrics.render(counts, state.hub.running_count());
     (
         [(

@@ -24,7 +24,8 @@ pub use events::{
     round_trip, same_thread_race,
 };
 pub use queue::{
-    queue_claims_exclude_other_drivers, queue_enqueue_acquire_complete,
+    queue_claims_exclude_other_drivers, queue_continuations_lease_first,
+    queue_dead_letter_snooze_and_cancel_queued, queue_enqueue_acquire_complete,
     queue_exclusive_under_concurrency, queue_expired_lease_taken_over, queue_invalid_arguments,
     queue_one_job_per_message_in_order, queue_release, queue_retry_later_and_fail,
     queue_thread_jobs_serialized_under_concurrency,
@@ -155,6 +156,8 @@ pub const QUEUE_CASES: &[&str] = &[
     "queue_retry_later_and_fail",
     "queue_invalid_arguments",
     "queue_claims_exclude_other_drivers",
+    "queue_continuations_lease_first",
+    "queue_dead_letter_snooze_and_cancel_queued",
 ];
 
 /// Runs one run-queue case by name.
@@ -171,6 +174,10 @@ pub async fn run_queue_case(name: &str, queue: Arc<dyn RunQueue>) -> Result<(), 
         "queue_retry_later_and_fail" => queue_retry_later_and_fail(queue).await,
         "queue_invalid_arguments" => queue_invalid_arguments(queue).await,
         "queue_claims_exclude_other_drivers" => queue_claims_exclude_other_drivers(queue).await,
+        "queue_continuations_lease_first" => queue_continuations_lease_first(queue).await,
+        "queue_dead_letter_snooze_and_cancel_queued" => {
+            queue_dead_letter_snooze_and_cancel_queued(queue).await
+        }
         other => Err(fail("run_queue_case", format!("unknown case {other:?}"))),
     }
 }

@@ -701,3 +701,230 @@ pub async fn queue_claims_exclude_other_drivers(queue: Arc<dyn RunQueue>) -> R {
         .map_err(backend(C, "complete"))?;
     Ok(())
 }
+
+/// A continuation (the job resuming a paused run once it is approved, denied, answered or
+/// cancelled) is leased before its thread's other queued jobs — also before one that waits
+/// for that run (given back with `retry_later`) — but never while another job of its
+/// thread is leased, and continuations keep their order among themselves.
+pub async fn queue_continuations_lease_first(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_continuations_lease_first";
+    let acquire = || {
+        let queue = queue.clone();
+        async move {
+            queue
+                .acquire("w1", LONG)
+                .await
+                .map_err(backend(C, "acquire"))
+        }
+    };
+    let first = queue
+        .enqueue("k-1", &json!({"n": 1}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "first job", lease.job_id, first)?;
+    let second = queue
+        .enqueue("k-1", &json!({"n": 2}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let k1 = queue
+        .enqueue_continuation("k-1", &json!({"k": 1}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "a continuation was leased while another job of its thread was leased".into()
+    })?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "the continuation goes first", lease.job_id, k1)?;
+    let k2 = queue
+        .enqueue_continuation("k-1", &json!({"k": 2}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "a second continuation was leased while the first was".into()
+    })?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "continuations in order", lease.job_id, k2)?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "then the other job", lease.job_id, second)?;
+    ensure_eq(C, "payload", lease.payload.clone(), json!({"n": 2}))?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+
+    // A job waiting for the paused run (given back for a long while) does not hold up the
+    // continuation that ends that run.
+    let waiting = queue
+        .enqueue("k-2", &json!({"n": 3}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let lease = acquire().await?.ok_or_else(|| fail(C, "no job"))?;
+    ensure_eq(C, "waiting job", lease.job_id, waiting)?;
+    queue
+        .retry_later(&lease, LONG)
+        .await
+        .map_err(backend(C, "retry_later"))?;
+    let k3 = queue
+        .enqueue_continuation("k-2", &json!({"k": 3}))
+        .await
+        .map_err(backend(C, "enqueue_continuation"))?;
+    let lease = acquire().await?.ok_or_else(|| {
+        fail(
+            C,
+            "the continuation waited behind a job that waits for it (deadlock)",
+        )
+    })?;
+    ensure_eq(C, "continuation ahead of the waiting job", lease.job_id, k3)?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    ensure(C, acquire().await?.is_none(), || {
+        "the waiting job went before its delay".into()
+    })?;
+    let info = queue
+        .job(waiting)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "job missing"))?;
+    ensure_eq(C, "waiting job state", info.state, JobState::Queued)
+}
+
+/// Every job ends: `snooze` gives a job back without using up an attempt, `dead_letter`
+/// ends it `dead` with its last error (and frees its thread), and a queued job — never a
+/// leased one — can be cancelled.
+pub async fn queue_dead_letter_snooze_and_cancel_queued(queue: Arc<dyn RunQueue>) -> R {
+    const C: &str = "queue_dead_letter_snooze_and_cancel_queued";
+    let acquire = || {
+        let queue = queue.clone();
+        async move {
+            queue
+                .acquire("w1", LONG)
+                .await
+                .map_err(backend(C, "acquire"))?
+                .ok_or_else(|| fail(C, "no job"))
+        }
+    };
+    let a = queue
+        .enqueue("d-1", &json!({"n": 1}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let behind = queue
+        .enqueue("d-1", &json!({"n": 2}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let lease = acquire().await?;
+    ensure_eq(C, "job", lease.job_id, a)?;
+    queue
+        .snooze(&lease, Duration::ZERO)
+        .await
+        .map_err(backend(C, "snooze"))?;
+    let lease = acquire().await?;
+    ensure_eq(C, "snoozed job comes back", lease.job_id, a)?;
+    ensure_eq(C, "a snooze uses no attempt", lease.attempts, 1)?;
+    queue
+        .retry_later(&lease, Duration::ZERO)
+        .await
+        .map_err(backend(C, "retry_later"))?;
+    let lease = acquire().await?;
+    ensure_eq(C, "a retry counts", lease.attempts, 2)?;
+    queue
+        .dead_letter(&lease, "store unreachable")
+        .await
+        .map_err(backend(C, "dead_letter"))?;
+    let r = queue.dead_letter(&lease, "again").await;
+    ensure(C, lost(&r), || format!("stale dead_letter: {r:?}"))?;
+    let info = queue
+        .job(a)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "job missing"))?;
+    ensure_eq(C, "dead state", info.state, JobState::Dead)?;
+    ensure_eq(
+        C,
+        "last error",
+        info.error.as_deref(),
+        Some("store unreachable"),
+    )?;
+
+    // The thread goes on; its queued job can be cancelled, a leased one cannot.
+    let later = queue
+        .enqueue("d-1", &json!({"n": 3}))
+        .await
+        .map_err(backend(C, "enqueue"))?;
+    let cancelled = queue
+        .cancel_queued(later, "the user withdrew it")
+        .await
+        .map_err(backend(C, "cancel_queued"))?;
+    ensure(C, cancelled, || "a queued job was not cancelled".into())?;
+    let again = queue
+        .cancel_queued(later, "twice")
+        .await
+        .map_err(backend(C, "cancel_queued"))?;
+    ensure(C, !again, || "a cancelled job was cancelled again".into())?;
+    let lease = acquire().await?;
+    ensure_eq(C, "the next job after the dead one", lease.job_id, behind)?;
+    let leased = queue
+        .cancel_queued(behind, "too late")
+        .await
+        .map_err(backend(C, "cancel_queued"))?;
+    ensure(C, !leased, || "a leased job was cancelled".into())?;
+    queue
+        .complete(&lease)
+        .await
+        .map_err(backend(C, "complete"))?;
+    ensure(
+        C,
+        queue
+            .acquire("w1", LONG)
+            .await
+            .map_err(backend(C, "acquire"))?
+            .is_none(),
+        || "a cancelled job was handed out".into(),
+    )?;
+    let info = queue
+        .job(later)
+        .await
+        .map_err(backend(C, "job"))?
+        .ok_or_else(|| fail(C, "job missing"))?;
+    ensure_eq(C, "cancelled state", info.state, JobState::Cancelled)?;
+    ensure_eq(
+        C,
+        "cancel reason",
+        info.error.as_deref(),
+        Some("the user withdrew it"),
+    )?;
+    let missing = queue
+        .cancel_queued(i64::MAX, "none")
+        .await
+        .map_err(backend(C, "cancel_queued"))?;
+    ensure(C, !missing, || {
+        "a job that does not exist was cancelled".into()
+    })?;
+    let counts = queue.counts().await.map_err(backend(C, "counts"))?;
+    ensure_eq(
+        C,
+        "counts (queued, leased, done, dead, cancelled)",
+        (
+            counts.queued,
+            counts.leased,
+            counts.done,
+            counts.dead,
+            counts.cancelled,
+        ),
+        (0, 0, 1, 1, 1),
+    )
+}

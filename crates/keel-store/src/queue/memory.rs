@@ -1,6 +1,6 @@
 //! [`MemoryRunQueue`]: the run queue in one process's memory (tests, `memory:` stores).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ struct Job {
     ready_at: Option<DateTime<Utc>>,
     attempts: u32,
     error: Option<String>,
+    /// A continuation ([`RunQueue::enqueue_continuation`]).
+    continuation: bool,
 }
 
 impl Job {
@@ -35,7 +37,7 @@ impl Job {
         match self.state {
             JobState::Queued => self.ready_at.is_none_or(|at| at <= now),
             JobState::Leased => self.expires_at.is_none_or(|at| at <= now),
-            JobState::Done | JobState::Failed => false,
+            JobState::Done | JobState::Failed | JobState::Dead | JobState::Cancelled => false,
         }
     }
 }
@@ -65,22 +67,61 @@ impl MemoryRunQueue {
         }
     }
 
-    /// Moves a held job to `state` (ready again after `ready_in` when queued).
+    /// Moves a held job to `state` (ready again after `ready_in` when queued; with
+    /// `uncount`, this acquisition is not counted as an attempt).
     fn finish(
         &self,
         lease: &Lease,
         state: JobState,
         ready_in: Option<Duration>,
         error: Option<&str>,
+        uncount: bool,
     ) -> Result<(), QueueError> {
         let mut inner = self.lock();
         let job = held(&mut inner, lease)?;
+        if uncount {
+            job.attempts = job.attempts.saturating_sub(1);
+        }
         job.state = state;
         job.expires_at = None;
         job.ready_at =
             ready_in.map(|delay| Utc::now() + chrono::Duration::nanoseconds(delay_ns(delay)));
         job.error = error.map(capped_error);
         Ok(())
+    }
+}
+
+impl MemoryRunQueue {
+    fn insert(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+        continuation: bool,
+    ) -> Result<JobId, QueueError> {
+        if thread_id.is_empty() {
+            return Err(QueueError::InvalidArgument(
+                "thread_id must not be empty".into(),
+            ));
+        }
+        let mut inner = self.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        inner.jobs.insert(
+            id,
+            Job {
+                thread_id: thread_id.to_string(),
+                payload: payload.clone(),
+                state: JobState::Queued,
+                worker_id: None,
+                token: 0,
+                expires_at: None,
+                ready_at: None,
+                attempts: 0,
+                error: None,
+                continuation,
+            },
+        );
+        Ok(id)
     }
 }
 
@@ -108,29 +149,15 @@ fn held<'a>(inner: &'a mut Inner, lease: &Lease) -> Result<&'a mut Job, QueueErr
 #[async_trait]
 impl RunQueue for MemoryRunQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
-        if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument(
-                "thread_id must not be empty".into(),
-            ));
-        }
-        let mut inner = self.lock();
-        inner.next_id += 1;
-        let id = inner.next_id;
-        inner.jobs.insert(
-            id,
-            Job {
-                thread_id: thread_id.to_string(),
-                payload: payload.clone(),
-                state: JobState::Queued,
-                worker_id: None,
-                token: 0,
-                expires_at: None,
-                ready_at: None,
-                attempts: 0,
-                error: None,
-            },
-        );
-        Ok(id)
+        self.insert(thread_id, payload, false)
+    }
+
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        self.insert(thread_id, payload, true)
     }
 
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
@@ -138,18 +165,23 @@ impl RunQueue for MemoryRunQueue {
         let expires_at = expiry(ttl)?;
         let now = Utc::now();
         let mut inner = self.lock();
-        // Jobs in id order; only the first active job of each thread (its head) may go.
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut chosen = None;
-        for (id, job) in &inner.jobs {
-            if !job.active() || !seen.insert(job.thread_id.as_str()) {
-                continue;
-            }
-            if job.ready(now) {
-                chosen = Some(*id);
-                break;
+        // Each thread's holder (its leased job) or head (its first continuation, else its
+        // oldest job); the oldest of those that is ready goes.
+        let mut heads: HashMap<&str, (JobId, &Job)> = HashMap::new();
+        for (id, job) in inner.jobs.iter().filter(|(_, job)| job.active()) {
+            let head = heads.entry(job.thread_id.as_str()).or_insert((*id, job));
+            let holder = head.1.state == JobState::Leased;
+            if !holder
+                && (job.state == JobState::Leased || (job.continuation && !head.1.continuation))
+            {
+                *head = (*id, job);
             }
         }
+        let chosen = heads
+            .values()
+            .filter(|(_, job)| job.ready(now))
+            .map(|(id, _)| *id)
+            .min();
         let Some(id) = chosen else { return Ok(None) };
         let Some(job) = inner.jobs.get_mut(&id) else {
             return Ok(None);
@@ -183,19 +215,40 @@ impl RunQueue for MemoryRunQueue {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Done, None, None)
+        self.finish(lease, JobState::Done, None, None, false)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Queued, None, None)
+        self.finish(lease, JobState::Queued, None, None, false)
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Queued, Some(delay), None)
+        self.finish(lease, JobState::Queued, Some(delay), None, false)
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Queued, Some(delay), None, true)
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
-        self.finish(lease, JobState::Failed, None, Some(error))
+        self.finish(lease, JobState::Failed, None, Some(error), false)
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        self.finish(lease, JobState::Dead, None, Some(error), false)
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        let mut inner = self.lock();
+        match inner.jobs.get_mut(&job_id) {
+            Some(job) if job.state == JobState::Queued => {
+                job.state = JobState::Cancelled;
+                job.ready_at = None;
+                job.error = Some(capped_error(reason));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -229,10 +282,17 @@ impl RunQueue for MemoryRunQueue {
         let expires_at = expiry(ttl)?;
         let now = Utc::now();
         let mut inner = self.lock();
-        let holding = inner
-            .jobs
-            .iter()
-            .find(|(_, job)| job.active() && job.thread_id == thread_id)
+        // The thread's leased job, else its head.
+        let active = || {
+            inner
+                .jobs
+                .iter()
+                .filter(|(_, job)| job.active() && job.thread_id == thread_id)
+        };
+        let holding = active()
+            .find(|(_, job)| job.state == JobState::Leased)
+            .or_else(|| active().find(|(_, job)| job.continuation))
+            .or_else(|| active().next())
             .map(|(id, job)| Holding {
                 job_id: *id,
                 state: job.state,
@@ -258,6 +318,7 @@ impl RunQueue for MemoryRunQueue {
                         ready_at: None,
                         attempts: 0,
                         error: None,
+                        continuation: false,
                     },
                 );
                 id

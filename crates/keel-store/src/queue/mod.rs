@@ -13,15 +13,30 @@
 //! oldest unfinished job of a thread (its *head*) can be leased, so a thread never has two
 //! leases and its second message waits until its first is done (or failed). Jobs of
 //! different threads are independent and run in parallel. The backends enforce this in
-//! the database (`acquire` picks heads only; a unique index allows one lease per thread).
+//! the database (`acquire` picks heads only and skips a thread that has a job leased; a
+//! unique index allows one lease per thread). Enqueue order is commit order: on Postgres
+//! an enqueue holds a lock of its thread from before its id is taken until it commits, so
+//! a job with a lower id can never become visible after a later one of its thread.
 //!
-//! A job ends `done` ([`RunQueue::complete`]) or `failed` with a reason
-//! ([`RunQueue::fail`], for jobs that can never succeed); [`RunQueue::release`] gives it
-//! back at once and [`RunQueue::retry_later`] after a delay, keeping its place at the head
-//! of its thread.
+//! A *continuation* ([`RunQueue::enqueue_continuation`]: the job that resumes a paused
+//! run once it is approved, denied, answered or cancelled) goes ahead of its thread's
+//! queued jobs that are not continuations — those may be waiting for that very run to end,
+//! so a continuation must never wait behind them — but never while another job of the
+//! thread is leased, and continuations keep their order among themselves.
+//!
+//! Every job ends: `done` ([`RunQueue::complete`]), `failed` with a reason
+//! ([`RunQueue::fail`], for jobs that can never succeed), `dead` with its last error
+//! ([`RunQueue::dead_letter`], once its attempts are used up: the worker's
+//! `max_attempts`), or `cancelled` before any worker took it ([`RunQueue::cancel_queued`]).
+//! [`RunQueue::release`] gives a job back at once and [`RunQueue::retry_later`] after a
+//! delay, keeping its place at the head of its thread; [`RunQueue::snooze`] does the same
+//! for a job that waits for something else and did not fail (the acquisition is not
+//! counted as an attempt).
 
 mod memory;
 mod postgres;
+
+pub(crate) use postgres::LOCK_THREAD_SQL;
 mod sqlite;
 
 use std::time::Duration;
@@ -93,6 +108,12 @@ pub enum JobState {
     Done,
     /// Given up: it can never succeed (the reason is in [`JobInfo::error`]).
     Failed,
+    /// Dead-lettered: it failed on every attempt it was allowed (the last error is in
+    /// [`JobInfo::error`]).
+    Dead,
+    /// Cancelled while queued, before any worker took it (the reason is in
+    /// [`JobInfo::error`]).
+    Cancelled,
 }
 
 impl JobState {
@@ -103,6 +124,8 @@ impl JobState {
             Self::Leased => "leased",
             Self::Done => "done",
             Self::Failed => "failed",
+            Self::Dead => "dead",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -112,6 +135,8 @@ impl JobState {
             "leased" => Ok(Self::Leased),
             "done" => Ok(Self::Done),
             "failed" => Ok(Self::Failed),
+            "dead" => Ok(Self::Dead),
+            "cancelled" => Ok(Self::Cancelled),
             other => Err(QueueError::Backend(format!(
                 "stored job state {other:?} is unknown"
             ))),
@@ -154,7 +179,8 @@ pub struct JobInfo {
     pub token: u64,
     /// Acquisitions so far.
     pub attempts: u32,
-    /// Why the job failed (state [`JobState::Failed`]).
+    /// Why the job failed, died or was cancelled ([`JobState::Failed`],
+    /// [`JobState::Dead`], [`JobState::Cancelled`]).
     pub error: Option<String>,
 }
 
@@ -169,6 +195,12 @@ pub struct QueueCounts {
     pub done: u64,
     /// Given up.
     pub failed: u64,
+    /// Dead-lettered (attempts used up).
+    #[serde(default)]
+    pub dead: u64,
+    /// Cancelled while queued.
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 impl QueueCounts {
@@ -179,6 +211,8 @@ impl QueueCounts {
             JobState::Leased => self.leased += n,
             JobState::Done => self.done += n,
             JobState::Failed => self.failed += n,
+            JobState::Dead => self.dead += n,
+            JobState::Cancelled => self.cancelled += n,
         }
     }
 }
@@ -192,10 +226,21 @@ pub trait RunQueue: Send + Sync {
     /// same thread.
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError>;
 
+    /// Adds the continuation of the run in progress on `thread_id` (see the module docs):
+    /// it is leased before every queued job of the thread that is not a continuation, once
+    /// no job of the thread is leased, and after the continuations queued before it.
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError>;
+
     /// Leases the oldest ready job to `worker_id` for `ttl`, or `None` when nothing is
-    /// ready. A job is ready when it is the oldest unfinished job of its thread and is
-    /// queued (and its `retry_later` delay has passed) or its lease expired. Never hands a
-    /// job to two workers while a lease on it is valid, nor leases two jobs of one thread.
+    /// ready. A job is ready when its lease expired, or when it is queued (and its
+    /// `retry_later` delay has passed), no job of its thread is leased, and it is its
+    /// thread's head: the first of the thread's continuations, or — with none queued — the
+    /// oldest of its other queued jobs. Never hands a job to two workers while a lease on
+    /// it is valid, nor leases two jobs of one thread.
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError>;
 
     /// Extends a valid lease to `ttl` from now; returns the lease with its new expiry.
@@ -211,9 +256,23 @@ pub trait RunQueue: Send + Sync {
     /// thread's later jobs).
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError>;
 
+    /// Gives the job back like [`retry_later`](Self::retry_later), without counting this
+    /// acquisition as an attempt: the job waits for something else (another run of its
+    /// thread) and did not fail, so waiting never uses up its attempts.
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError>;
+
     /// Gives the job up (`failed`, with `error` kept for [`RunQueue::job`]); the thread's
     /// next job becomes ready.
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError>;
+
+    /// Dead-letters the job (`dead`, with its last `error` kept for [`RunQueue::job`]): it
+    /// failed on every attempt it was allowed. The thread's next job becomes ready.
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError>;
+
+    /// Cancels job `job_id` while it is queued — no worker holds it — (`cancelled`, with
+    /// `reason` kept for [`RunQueue::job`]); `Ok(false)` when it is not queued (leased, or
+    /// it ended) or does not exist.
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError>;
 
     /// Looks a job up.
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError>;
@@ -306,6 +365,20 @@ impl Holding {
         }
     }
 }
+
+/// The SQL condition (SQLite and Postgres alike) that queued job `q` is its thread's head
+/// and no job of its thread is leased — or, for an expired lease `q`, nothing (it holds
+/// the thread): no other active job `e` of the thread is leased, nor queued ahead of it (a
+/// continuation ahead of a job that is not one, else an older job of the same kind).
+pub(crate) const NOTHING_AHEAD_SQL: &str = "NOT EXISTS (SELECT 1 FROM run_queue e \
+     WHERE e.thread_id = q.thread_id AND e.job_id <> q.job_id AND (e.state = 'leased' \
+     OR (q.state = 'queued' AND e.state = 'queued' AND (e.continuation > q.continuation \
+     OR (e.continuation = q.continuation AND e.job_id < q.job_id)))))";
+
+/// The order in which a claim looks at a thread's active jobs: the leased one, else its
+/// head (see [`NOTHING_AHEAD_SQL`]).
+pub(crate) const HOLDER_FIRST_SQL: &str =
+    "ORDER BY (state = 'leased') DESC, continuation DESC, job_id LIMIT 1";
 
 pub(crate) fn ttl_ns(ttl: Duration) -> Result<i64, QueueError> {
     let ns = i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX);

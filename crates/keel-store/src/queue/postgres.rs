@@ -1,9 +1,14 @@
 //! The run queue on Postgres: `acquire` locks the oldest ready job with
 //! `FOR UPDATE SKIP LOCKED`, so concurrent workers never wait on nor share a job. A job is
-//! ready only when no older job of its thread is unfinished (whatever its lock state), so
-//! two workers never lease two jobs of one thread; the unique index
-//! `run_queue_one_lease_per_thread` backs that up. Lease times use the database clock, so
-//! workers on machines with skewed clocks agree.
+//! ready only when it heads its thread (whatever the lock state of the jobs ahead) and no
+//! job of its thread is leased, so two workers never lease two jobs of one thread and an
+//! acquire never picks a job the unique index `run_queue_one_lease_per_thread` (which backs
+//! that up) would refuse. An enqueue (and a claim) takes a transaction-scoped advisory lock
+//! of its thread before its job id is drawn, so one thread's ids are drawn in commit order:
+//! a job with a lower id never commits after a later job of its thread was leased. Lease
+//! times use the database clock, so workers on machines with skewed clocks agree.
+
+use std::sync::LazyLock;
 
 use std::time::Duration;
 
@@ -14,8 +19,9 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::{
-    Holding, JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend,
-    capped_error, check_claim, check_worker, claim_payload, delay_ns, to_u32, to_u64, ttl_ns,
+    HOLDER_FIRST_SQL, Holding, JobId, JobInfo, JobState, Lease, NOTHING_AHEAD_SQL, QueueCounts,
+    QueueError, RunQueue, backend, capped_error, check_claim, check_worker, claim_payload,
+    delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::PostgresStore;
 
@@ -47,44 +53,32 @@ fn lease_from_row(row: &PgRow, worker_id: &str) -> Result<Lease, QueueError> {
 #[async_trait]
 impl RunQueue for PostgresStore {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
-        if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument(
-                "thread_id must not be empty".into(),
-            ));
-        }
-        let body = serde_json::to_string(payload)
-            .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
-        sqlx::query_scalar(
-            "INSERT INTO run_queue (thread_id, payload, state) VALUES ($1, $2::text::json, 'queued') \
-             RETURNING job_id",
-        )
-        .bind(thread_id)
-        .bind(body)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| backend("postgres enqueue", e))
+        insert(self, thread_id, payload, false).await
+    }
+
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        insert(self, thread_id, payload, true).await
     }
 
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
         check_worker(worker_id)?;
-        let row = sqlx::query(
-            "UPDATE run_queue SET state = 'leased', worker_id = $1, lease_token = lease_token + 1, \
-             lease_expires_at = now() + ($2::float8 * interval '1 microsecond'), ready_at = NULL, \
-             attempts = attempts + 1, updated_at = now() \
-             WHERE job_id = (SELECT q.job_id FROM run_queue q \
-             WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= now())) \
-             OR (q.state = 'leased' AND q.lease_expires_at <= now())) \
-             AND NOT EXISTS (SELECT 1 FROM run_queue e WHERE e.thread_id = q.thread_id \
-             AND e.state IN ('queued', 'leased') AND e.job_id < q.job_id) \
-             ORDER BY q.job_id LIMIT 1 FOR UPDATE OF q SKIP LOCKED) \
-             RETURNING job_id, thread_id, payload::text AS payload, lease_token, lease_expires_at, attempts",
-        )
-        .bind(worker_id)
-        .bind(ttl_micros(ttl)?)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| backend("postgres acquire", e))?;
-        row.map(|row| lease_from_row(&row, worker_id)).transpose()
+        let row = sqlx::query(ACQUIRE_SQL.as_str())
+            .bind(worker_id)
+            .bind(ttl_micros(ttl)?)
+            .fetch_optional(&self.pool)
+            .await;
+        match row {
+            Ok(row) => row.map(|row| lease_from_row(&row, worker_id)).transpose(),
+            // A lease of the thread committed between this statement's snapshot and its
+            // update (a claim, or another worker that saw an older snapshot): nothing of
+            // that thread is ready, and the next acquire no longer picks it.
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => Ok(None),
+            Err(e) => Err(backend("postgres acquire", e)),
+        }
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, QueueError> {
@@ -112,15 +106,19 @@ impl RunQueue for PostgresStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Done, None, None).await
+        finish(self, lease, JobState::Done, None, None, false).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, None, None).await
+        finish(self, lease, JobState::Queued, None, None, false).await
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, Some(delay), None).await
+        finish(self, lease, JobState::Queued, Some(delay), None, false).await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None, true).await
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
@@ -130,8 +128,25 @@ impl RunQueue for PostgresStore {
             JobState::Failed,
             None,
             Some(capped_error(error)),
+            false,
         )
         .await
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Dead,
+            None,
+            Some(capped_error(error)),
+            false,
+        )
+        .await
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        cancel_queued(self, job_id, &capped_error(reason)).await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -187,16 +202,18 @@ impl RunQueue for PostgresStore {
             .begin()
             .await
             .map_err(|e| backend("postgres claim", e))?;
-        // The thread's oldest active job, locked; expiry on the database's clock.
-        let row = sqlx::query(
-            "SELECT job_id, state, worker_id, (lease_expires_at <= now()) AS expired, \
-             payload::text AS payload FROM run_queue \
-             WHERE thread_id = $1 AND state IN ('queued', 'leased') ORDER BY job_id LIMIT 1 FOR UPDATE",
-        )
-        .bind(thread_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| backend("postgres claim lookup", e))?;
+        // The thread's lock (as an enqueue takes it), then its holder or head, locked;
+        // expiry on the database's clock.
+        sqlx::query(LOCK_THREAD_SQL)
+            .bind(thread_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| backend("postgres claim lock", e))?;
+        let row = sqlx::query(CLAIM_LOOKUP_SQL.as_str())
+            .bind(thread_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| backend("postgres claim lookup", e))?;
         let holding = match row {
             Some(row) => {
                 let decode = |e: sqlx::Error| backend("postgres decode claim", e);
@@ -285,20 +302,97 @@ impl RunQueue for PostgresStore {
     }
 }
 
+/// The advisory lock of thread `$1` of this schema, held until the transaction ends (taken
+/// by enqueues, claims and `delete_thread`).
+pub(crate) const LOCK_THREAD_SQL: &str = "SELECT pg_advisory_xact_lock(hashtextextended(\
+     'keel.run_queue:' || current_schema() || ':' || $1, 0))";
+
+/// An enqueue: the thread's lock first, then the id, in one statement (see the module docs).
+const INSERT_SQL: &str = "WITH thread_lock AS (SELECT pg_advisory_xact_lock(hashtextextended(\
+     'keel.run_queue:' || current_schema() || ':' || $1, 0))) \
+     INSERT INTO run_queue (thread_id, payload, state, continuation) \
+     SELECT $1, $2::text::json, 'queued', $3 FROM thread_lock RETURNING job_id";
+
+static ACQUIRE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE run_queue SET state = 'leased', worker_id = $1, lease_token = lease_token + 1, \
+         lease_expires_at = now() + ($2::float8 * interval '1 microsecond'), ready_at = NULL, \
+         attempts = attempts + 1, updated_at = now() \
+         WHERE job_id = (SELECT q.job_id FROM run_queue q \
+         WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= now())) \
+         OR (q.state = 'leased' AND q.lease_expires_at <= now())) AND {NOTHING_AHEAD_SQL} \
+         ORDER BY q.job_id LIMIT 1 FOR UPDATE OF q SKIP LOCKED) \
+         RETURNING job_id, thread_id, payload::text AS payload, lease_token, lease_expires_at, attempts"
+    )
+});
+
+static CLAIM_LOOKUP_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT job_id, state, worker_id, (lease_expires_at <= now()) AS expired, \
+         payload::text AS payload FROM run_queue \
+         WHERE thread_id = $1 AND state IN ('queued', 'leased') {HOLDER_FIRST_SQL} FOR UPDATE"
+    )
+});
+
+/// Adds a job (a continuation when `continuation`) under its thread's lock.
+async fn insert(
+    store: &PostgresStore,
+    thread_id: &str,
+    payload: &Value,
+    continuation: bool,
+) -> Result<JobId, QueueError> {
+    if thread_id.is_empty() {
+        return Err(QueueError::InvalidArgument(
+            "thread_id must not be empty".into(),
+        ));
+    }
+    let body = serde_json::to_string(payload)
+        .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
+    sqlx::query_scalar(INSERT_SQL)
+        .bind(thread_id)
+        .bind(body)
+        .bind(continuation)
+        .fetch_one(&store.pool)
+        .await
+        .map_err(|e| backend("postgres enqueue", e))
+}
+
+/// Cancels job `job_id` when it is queued (see [`RunQueue::cancel_queued`]).
+async fn cancel_queued(
+    store: &PostgresStore,
+    job_id: JobId,
+    reason: &str,
+) -> Result<bool, QueueError> {
+    let done = sqlx::query(
+        "UPDATE run_queue SET state = 'cancelled', ready_at = NULL, error = $1, updated_at = now() \
+         WHERE job_id = $2 AND state = 'queued'",
+    )
+    .bind(reason)
+    .bind(job_id)
+    .execute(&store.pool)
+    .await
+    .map_err(|e| backend("postgres cancel queued job", e))?
+    .rows_affected();
+    Ok(done > 0)
+}
+
 /// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
-/// keeping `error` when given.
+/// keeping `error` when given; with `uncount`, the acquisition is not counted as an attempt.
 async fn finish(
     store: &PostgresStore,
     lease: &Lease,
     state: JobState,
     ready_in: Option<Duration>,
     error: Option<String>,
+    uncount: bool,
 ) -> Result<(), QueueError> {
+    // A snooze gives back the attempt its acquisition counted.
+    let uncount = i32::from(uncount);
     // NULL delay = ready now.
     let ready_micros = ready_in.map(|delay| delay_ns(delay) / 1000);
     let done = sqlx::query(
         "UPDATE run_queue SET state = $1, ready_at = now() + ($2::float8 * interval '1 microsecond'), \
-         error = $3, lease_expires_at = NULL, updated_at = now() \
+         error = $3, lease_expires_at = NULL, attempts = GREATEST(attempts - $6, 0), updated_at = now() \
          WHERE job_id = $4 AND lease_token = $5 AND state = 'leased' AND lease_expires_at > now()",
     )
     .bind(state.as_str())
@@ -306,6 +400,7 @@ async fn finish(
     .bind(error)
     .bind(lease.job_id)
     .bind(token(lease))
+    .bind(uncount)
     .execute(&store.pool)
     .await
     .map_err(|e| backend("postgres finish lease", e))?

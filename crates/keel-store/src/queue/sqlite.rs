@@ -4,6 +4,7 @@
 //! hand one job to two workers, nor two jobs of one thread, in this process or another.
 //! Lookups use the read pool. Lease times use this process's clock.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,8 +15,9 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{
-    Holding, JobId, JobInfo, JobState, Lease, QueueCounts, QueueError, RunQueue, backend,
-    capped_error, check_claim, check_worker, claim_payload, delay_ns, to_u32, to_u64, ttl_ns,
+    HOLDER_FIRST_SQL, Holding, JobId, JobInfo, JobState, Lease, NOTHING_AHEAD_SQL, QueueCounts,
+    QueueError, RunQueue, backend, capped_error, check_claim, check_worker, claim_payload,
+    delay_ns, to_u32, to_u64, ttl_ns,
 };
 use crate::SqliteStore;
 
@@ -68,25 +70,15 @@ fn token(lease: &Lease) -> i64 {
 #[async_trait]
 impl RunQueue for SqliteStore {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
-        if thread_id.is_empty() {
-            return Err(QueueError::InvalidArgument(
-                "thread_id must not be empty".into(),
-            ));
-        }
-        let body = serde_json::to_string(payload)
-            .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
-        let thread = thread_id.to_string();
-        let now = now_ns();
-        self.writer
-            .call(AppendDurability::Default, move |conn: &Connection| {
-                conn.prepare_cached(
-                    "INSERT INTO run_queue (thread_id, payload, state, enqueued_at, updated_at) \
-                     VALUES (?1, ?2, 'queued', ?3, ?3) RETURNING job_id",
-                )
-                .and_then(|mut stmt| stmt.query_row(params![thread, body, now], |row| row.get(0)))
-                .map_err(|e| backend("sqlite enqueue", e))
-            })
-            .await
+        insert(self, thread_id, payload, false).await
+    }
+
+    async fn enqueue_continuation(
+        &self,
+        thread_id: &str,
+        payload: &Value,
+    ) -> Result<JobId, QueueError> {
+        insert(self, thread_id, payload, true).await
     }
 
     async fn acquire(&self, worker_id: &str, ttl: Duration) -> Result<Option<Lease>, QueueError> {
@@ -97,24 +89,14 @@ impl RunQueue for SqliteStore {
         let raw = self
             .writer
             .call(AppendDurability::Default, move |conn: &Connection| {
-                conn.prepare_cached(
-                    "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
-                     lease_expires_at = ?2, ready_at = NULL, attempts = attempts + 1, updated_at = ?3 \
-                     WHERE job_id = (SELECT q.job_id FROM run_queue q \
-                     WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= ?3)) \
-                     OR (q.state = 'leased' AND q.lease_expires_at <= ?3)) \
-                     AND NOT EXISTS (SELECT 1 FROM run_queue e WHERE e.thread_id = q.thread_id \
-                     AND e.state IN ('queued', 'leased') AND e.job_id < q.job_id) \
-                     ORDER BY q.job_id LIMIT 1) \
-                     RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![worker, expires, now], |row| {
-                        lease_from_row(row, &worker)
+                conn.prepare_cached(&ACQUIRE_SQL)
+                    .and_then(|mut stmt| {
+                        stmt.query_row(params![worker, expires, now], |row| {
+                            lease_from_row(row, &worker)
+                        })
+                        .optional()
                     })
-                    .optional()
-                })
-                .map_err(|e| backend("sqlite acquire", e))
+                    .map_err(|e| backend("sqlite acquire", e))
             })
             .await?;
         raw.map(RawLease::into_lease).transpose()
@@ -148,15 +130,19 @@ impl RunQueue for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Done, None, None).await
+        finish(self, lease, JobState::Done, None, None, false).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, None, None).await
+        finish(self, lease, JobState::Queued, None, None, false).await
     }
 
     async fn retry_later(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
-        finish(self, lease, JobState::Queued, Some(delay), None).await
+        finish(self, lease, JobState::Queued, Some(delay), None, false).await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<(), QueueError> {
+        finish(self, lease, JobState::Queued, Some(delay), None, true).await
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
@@ -166,8 +152,25 @@ impl RunQueue for SqliteStore {
             JobState::Failed,
             None,
             Some(capped_error(error)),
+            false,
         )
         .await
+    }
+
+    async fn dead_letter(&self, lease: &Lease, error: &str) -> Result<(), QueueError> {
+        finish(
+            self,
+            lease,
+            JobState::Dead,
+            None,
+            Some(capped_error(error)),
+            false,
+        )
+        .await
+    }
+
+    async fn cancel_queued(&self, job_id: JobId, reason: &str) -> Result<bool, QueueError> {
+        cancel_queued(self, job_id, &capped_error(reason)).await
     }
 
     async fn job(&self, job_id: JobId) -> Result<Option<JobInfo>, QueueError> {
@@ -226,10 +229,7 @@ impl RunQueue for SqliteStore {
             .writer
             .call(AppendDurability::Default, move |conn: &Connection| {
                 let holding = conn
-                    .prepare_cached(
-                        "SELECT job_id, state, worker_id, lease_expires_at, payload FROM run_queue \
-                         WHERE thread_id = ?1 AND state IN ('queued', 'leased') ORDER BY job_id LIMIT 1",
-                    )
+                    .prepare_cached(&CLAIM_LOOKUP_SQL)
                     .and_then(|mut stmt| {
                         stmt.query_row(params![thread], |row| {
                             Ok((
@@ -293,15 +293,91 @@ impl RunQueue for SqliteStore {
     }
 }
 
+static ACQUIRE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE run_queue SET state = 'leased', worker_id = ?1, lease_token = lease_token + 1, \
+         lease_expires_at = ?2, ready_at = NULL, attempts = attempts + 1, updated_at = ?3 \
+         WHERE job_id = (SELECT q.job_id FROM run_queue q \
+         WHERE ((q.state = 'queued' AND (q.ready_at IS NULL OR q.ready_at <= ?3)) \
+         OR (q.state = 'leased' AND q.lease_expires_at <= ?3)) AND {NOTHING_AHEAD_SQL} \
+         ORDER BY q.job_id LIMIT 1) \
+         RETURNING job_id, thread_id, payload, lease_token, lease_expires_at, attempts"
+    )
+});
+
+static CLAIM_LOOKUP_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT job_id, state, worker_id, lease_expires_at, payload FROM run_queue \
+         WHERE thread_id = ?1 AND state IN ('queued', 'leased') {HOLDER_FIRST_SQL}"
+    )
+});
+
+/// Adds a job (a continuation when `continuation`); SQLite's one writer draws ids in
+/// commit order.
+async fn insert(
+    store: &SqliteStore,
+    thread_id: &str,
+    payload: &Value,
+    continuation: bool,
+) -> Result<JobId, QueueError> {
+    if thread_id.is_empty() {
+        return Err(QueueError::InvalidArgument(
+            "thread_id must not be empty".into(),
+        ));
+    }
+    let body = serde_json::to_string(payload)
+        .map_err(|e| QueueError::InvalidArgument(format!("payload: {e}")))?;
+    let thread = thread_id.to_string();
+    let now = now_ns();
+    store
+        .writer
+        .call(AppendDurability::Default, move |conn: &Connection| {
+            conn.prepare_cached(
+                "INSERT INTO run_queue (thread_id, payload, state, continuation, enqueued_at, \
+                 updated_at) VALUES (?1, ?2, 'queued', ?3, ?4, ?4) RETURNING job_id",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![thread, body, continuation, now], |row| row.get(0))
+            })
+            .map_err(|e| backend("sqlite enqueue", e))
+        })
+        .await
+}
+
+/// Cancels job `job_id` when it is queued (see [`RunQueue::cancel_queued`]).
+async fn cancel_queued(
+    store: &SqliteStore,
+    job_id: JobId,
+    reason: &str,
+) -> Result<bool, QueueError> {
+    let now = now_ns();
+    let reason = reason.to_string();
+    let done = store
+        .writer
+        .call(AppendDurability::Default, move |conn: &Connection| {
+            conn.prepare_cached(
+                "UPDATE run_queue SET state = 'cancelled', ready_at = NULL, error = ?1, \
+                 updated_at = ?2 WHERE job_id = ?3 AND state = 'queued'",
+            )
+            .and_then(|mut stmt| stmt.execute(params![reason, now, job_id]))
+            .map_err(|e| backend("sqlite cancel queued job", e))
+        })
+        .await?;
+    Ok(done > 0)
+}
+
 /// Ends a held lease: the job moves to `state` (when queued, ready again after `ready_in`),
-/// keeping `error` when given.
+/// keeping `error` when given; with `uncount`, the acquisition is not counted as an attempt.
 async fn finish(
     store: &SqliteStore,
     lease: &Lease,
     state: JobState,
     ready_in: Option<Duration>,
     error: Option<String>,
+    uncount: bool,
 ) -> Result<(), QueueError> {
+    // A snooze gives back the attempt its acquisition counted.
+    let uncount = i64::from(uncount);
     let now = now_ns();
     let ready_at = ready_in.map(|delay| now.saturating_add(delay_ns(delay)));
     let (job_id, token) = (lease.job_id, token(lease));
@@ -310,11 +386,19 @@ async fn finish(
         .call(AppendDurability::Default, move |conn: &Connection| {
             conn.prepare_cached(
                 "UPDATE run_queue SET state = ?1, ready_at = ?2, error = ?3, lease_expires_at = NULL, \
-                 updated_at = ?4 WHERE job_id = ?5 AND lease_token = ?6 AND state = 'leased' \
-                 AND lease_expires_at > ?4",
+                 attempts = MAX(attempts - ?7, 0), updated_at = ?4 WHERE job_id = ?5 \
+                 AND lease_token = ?6 AND state = 'leased' AND lease_expires_at > ?4",
             )
             .and_then(|mut stmt| {
-                stmt.execute(params![state.as_str(), ready_at, error, now, job_id, token])
+                stmt.execute(params![
+                    state.as_str(),
+                    ready_at,
+                    error,
+                    now,
+                    job_id,
+                    token,
+                    uncount
+                ])
             })
             .map_err(|e| backend("sqlite finish lease", e))
         })
