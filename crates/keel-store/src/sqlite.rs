@@ -107,12 +107,6 @@ impl SqliteStore {
             .map_err(|e| backend("sqlite options", e))?
             .filename(&path)
             .create_if_missing(true)
-            // 8 KiB pages for a new file (an existing one keeps its own): a one-tool
-            // conversation's commit writes 5.8 WAL frames instead of 8.0 with 4 KiB pages —
-            // its events fill about one 4 KiB leaf, so nearly every commit also rewrote the
-            // leaves' parent and the header page — for the same bytes and instructions, and
-            // each frame is two `pwrite`s (./scripts/bench W1, docs/performance.md).
-            .page_size(8192)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match options.durability {
                 Durability::Normal => SqliteSynchronous::Normal,
