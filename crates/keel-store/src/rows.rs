@@ -225,9 +225,10 @@ impl Batch {
     /// the CPU work happens here, before any transaction is opened.
     ///
     /// Bodies are written with `sonic-rs`, whose output is the JSON `serde_json` writes
-    /// for the same value (the test `bodies_are_what_serde_json_writes` checks every
-    /// event kind) with SIMD string escaping: serializing was a third of the SQLite
-    /// store's CPU in `./scripts/bench` W1, most of it escaping strings byte by byte.
+    /// for the same value (the test `bodies_are_what_serde_json_writes` checks it on the
+    /// conformance suite's awkward events and on edge numbers) with SIMD string escaping:
+    /// serializing was a third of the SQLite store's CPU in `./scripts/bench` W1, most of
+    /// it escaping strings byte by byte.
     pub(crate) fn new<E: std::borrow::Borrow<Event>>(
         events: &[E],
         format: BodyFormat,
