@@ -18,7 +18,7 @@ use keel_runtime::{RunApprovalMode, ToolAgent, ToolAgentBuilder};
 use crate::App;
 use crate::definition::{AgentRef, Resolved};
 use crate::error::AppError;
-use crate::model::{build_model, default_model_spec, model_settings, spec_problem};
+use crate::model::{default_model_spec, model_settings, spec_problem};
 
 /// The instructions of an agent no definition describes.
 pub const DEFAULT_INSTRUCTIONS: &str =
@@ -48,6 +48,9 @@ pub struct AgentRequest {
     pub context_window: Option<u32>,
     /// Output limit per call.
     pub max_output_tokens: Option<u32>,
+    /// Who the embedded local model's prompt cache is shared with (a server sets the
+    /// tenant; `None`: the whole process).
+    pub cache_partition: Option<String>,
 }
 
 impl std::fmt::Debug for AgentRequest {
@@ -435,7 +438,16 @@ pub(crate) async fn agent_builder(
     // Everything checked: build the model.
     let model = match (&request.model_override, &resolution.model_spec) {
         (Some(model), _) => Arc::clone(model),
-        (None, Some(spec)) => build_model(config, spec, request.base_url.as_deref(), app.env())?,
+        (None, Some(spec)) => {
+            crate::model::build_model_async(
+                config,
+                spec,
+                request.base_url.as_deref(),
+                app.env(),
+                request.cache_partition.as_deref(),
+            )
+            .await?
+        }
         (None, None) => return Err(AppError::Invalid("no model".into())),
     };
     let settings = resolution

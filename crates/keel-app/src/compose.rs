@@ -392,6 +392,7 @@ fn member_request(request: &AgentRequest, name: &str) -> AgentRequest {
         agent: Some(AgentRef::Named(name.to_string())),
         model_override: request.model_override.clone(),
         base_url: request.base_url.clone(),
+        cache_partition: request.cache_partition.clone(),
         ..AgentRequest::default()
     }
 }

@@ -76,7 +76,12 @@ pub fn build_model(
         message,
     };
     if let Some(name) = spec.strip_prefix("local:") {
-        return local_model(spec, name, local_threads(spec, env)?);
+        let settings = LocalSettings {
+            threads: local_threads(spec, env)?,
+            cache_partition: None,
+            allowed_sha256: config.local.allowed_sha256.clone(),
+        };
+        return local_model(spec, name, &settings);
     }
     if let Some(problem) = spec_problem(config, spec) {
         return Err(error(problem));
@@ -84,6 +89,57 @@ pub fn build_model(
     let (provider_spec, options) =
         provider_options(config, spec, base_url.map(str::to_string), env);
     keel_providers::model_from_spec(&provider_spec, &options).map_err(|e| error(e.to_string()))
+}
+
+/// [`build_model`] for async callers: an embedded `local:` model is resolved (its file
+/// verified against its pin, which hashes it the first time) and loaded on the blocking
+/// thread pool, never on the async runtime; its prompt cache is shared only within
+/// `cache_partition` (`None`: the whole process).
+pub fn build_model_async(
+    config: &KeelConfig,
+    spec: &str,
+    base_url: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    cache_partition: Option<&str>,
+) -> impl std::future::Future<Output = Result<Arc<dyn Model>, AppError>> + Send + 'static {
+    // Everything read from the arguments now: the future holds none of them (the
+    // environment lookup is not `Sync`).
+    let local = match spec.strip_prefix("local:") {
+        None => Err(build_model(config, spec, base_url, env)),
+        Some(name) => match local_threads(spec, env) {
+            Ok(threads) => Ok((
+                spec.to_string(),
+                name.to_string(),
+                LocalSettings {
+                    threads,
+                    cache_partition: cache_partition.map(str::to_string),
+                    allowed_sha256: config.local.allowed_sha256.clone(),
+                },
+            )),
+            Err(error) => Err(Err(error)),
+        },
+    };
+    async move {
+        let (spec, name, settings) = match local {
+            Ok(local) => local,
+            Err(built) => return built,
+        };
+        let label = spec.clone();
+        tokio::task::spawn_blocking(move || local_model(&spec, &name, &settings))
+            .await
+            .map_err(|e| AppError::Model {
+                spec: label,
+                message: format!("the model loading task failed: {e}"),
+            })?
+    }
+}
+
+/// How an embedded `local:` model is loaded.
+#[derive(Debug, Clone, Default)]
+struct LocalSettings {
+    threads: Option<u32>,
+    cache_partition: Option<String>,
+    allowed_sha256: Vec<String>,
 }
 
 /// The environment variable that sets how many CPU threads an embedded `local:` model
@@ -114,11 +170,19 @@ fn local_threads(
 }
 
 #[cfg(feature = "local")]
-fn local_model(spec: &str, name: &str, threads: Option<u32>) -> Result<Arc<dyn Model>, AppError> {
+fn local_model(
+    spec: &str,
+    name: &str,
+    settings: &LocalSettings,
+) -> Result<Arc<dyn Model>, AppError> {
     let mut options = keel_local::LocalModelOptions::default();
-    if let Some(threads) = threads {
+    if let Some(threads) = settings.threads {
         options = options.with_threads(threads);
     }
+    options
+        .cache_partition
+        .clone_from(&settings.cache_partition);
+    options.allowed_sha256.clone_from(&settings.allowed_sha256);
     keel_local::LocalModel::load_spec(name, options)
         .map(|model| Arc::new(model) as Arc<dyn Model>)
         .map_err(|e| AppError::Model {
@@ -128,7 +192,11 @@ fn local_model(spec: &str, name: &str, threads: Option<u32>) -> Result<Arc<dyn M
 }
 
 #[cfg(not(feature = "local"))]
-fn local_model(spec: &str, _name: &str, _threads: Option<u32>) -> Result<Arc<dyn Model>, AppError> {
+fn local_model(
+    spec: &str,
+    _name: &str,
+    _settings: &LocalSettings,
+) -> Result<Arc<dyn Model>, AppError> {
     Err(AppError::Model {
         spec: spec.to_string(),
         message: "this build has no embedded local models (keel-app's `local` feature)".into(),

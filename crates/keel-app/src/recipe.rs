@@ -274,6 +274,17 @@ impl Recipe {
         app: &App,
         model_override: Option<Arc<dyn Model>>,
     ) -> Result<BuiltRecipe, AppError> {
+        self.build_agent_in(app, model_override, None).await
+    }
+
+    /// [`Recipe::build_agent`] with the embedded local model's prompt cache shared only
+    /// within `cache_partition` (a server passes the tenant).
+    pub async fn build_agent_in(
+        &self,
+        app: &App,
+        model_override: Option<Arc<dyn Model>>,
+        cache_partition: Option<&str>,
+    ) -> Result<BuiltRecipe, AppError> {
         self.validate()?;
         if crate::a2a_agent::refers_to_a2a(app, self.agent_ref().as_ref()) {
             return self.build_a2a_agent(app);
@@ -295,6 +306,7 @@ impl Recipe {
             context_strategy: self.context_strategy.clone(),
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
+            cache_partition: cache_partition.map(str::to_string),
         };
         let (builder, resolution) = app.agent_builder(&request).await?;
         let mut resolved = self.clone();

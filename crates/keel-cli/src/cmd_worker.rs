@@ -235,6 +235,7 @@ impl JobAgents for CliJobs {
     async fn build(
         &self,
         spec: &AgentSpec,
+        _thread_id: &str,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,

@@ -45,6 +45,19 @@ pub struct KeelConfig {
     pub server: crate::server::ServerConfig,
     /// `[a2a]`: remote agents over the Agent2Agent protocol, offered as tools.
     pub a2a: crate::a2a::A2aConfig,
+    /// `[local]`: the embedded `local:` models.
+    pub local: LocalConfig,
+}
+
+/// `[local]`: what the embedded `local:` models may load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalConfig {
+    /// SHA-256 digests (hex) a model file must have to be loaded. Empty (the default):
+    /// the pinned models (`keel models list`) are verified against their pins and any
+    /// other GGUF file loads once its header passes the bounds checks. Set it when agent
+    /// files from others may name `local:/path/file.gguf`.
+    pub allowed_sha256: Vec<String>,
 }
 
 /// Output format of `keel run`.

@@ -48,7 +48,7 @@ pub(crate) struct Job {
 
 /// Everything one generation needs, owned, for the worker thread.
 pub(crate) struct Spec {
-    pub prompt: String,
+    pub prompt: crate::text::Prompt,
     pub format: ToolFormat,
     pub constraint: Constraint,
     pub max_tokens: u32,
@@ -63,6 +63,10 @@ pub(crate) struct Spec {
     pub sampling: Sampling,
     pub max_digits: u32,
     pub ignore_eos: bool,
+    /// How long to wait for a caller that stopped reading the stream.
+    pub stall_timeout: Duration,
+    /// Which prompt-cache slots this generation may reuse (see `kv_cache`).
+    pub partition: Option<String>,
 }
 
 fn other(what: impl std::fmt::Display) -> ModelError {
@@ -72,8 +76,76 @@ fn other(what: impl std::fmt::Display) -> ModelError {
 /// Returned when the receiver is gone: generation stops quietly.
 struct Cancelled;
 
-fn send(tx: &Sender, event: StreamEvent) -> Result<(), Cancelled> {
-    tx.blocking_send(Ok(event)).map_err(|_| Cancelled)
+/// Where a generation's events go, and how long it waits for a caller that holds the
+/// stream but stopped reading it.
+struct Out<'j> {
+    tx: &'j Sender,
+    stall_timeout: Duration,
+}
+
+impl Out<'_> {
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Sends an event. When the stream's buffer is full, waits for the caller to read, at
+/// most `stall_timeout`: a caller that keeps the stream but never polls it again would
+/// otherwise hold the model's only worker thread (every other generation on the model
+/// queued behind it) for good. Past the limit the generation stops as if cancelled.
+fn send(out: &Out<'_>, event: StreamEvent) -> Result<(), Cancelled> {
+    send_item(out, Ok(event))
+}
+
+/// Ends a job's stream with its error (the same bounded wait as [`send`]).
+pub(crate) fn send_error(job: &Job, error: ModelError) {
+    let out = Out {
+        tx: &job.tx,
+        stall_timeout: job.spec.stall_timeout,
+    };
+    let _ = send_item(&out, Err(error));
+}
+
+fn send_item(out: &Out<'_>, item: Result<StreamEvent, ModelError>) -> Result<(), Cancelled> {
+    use tokio::sync::mpsc::error::TrySendError;
+    let item = match out.tx.try_send(item) {
+        Ok(()) => return Ok(()),
+        Err(TrySendError::Closed(_)) => return Err(Cancelled),
+        Err(TrySendError::Full(item)) => item,
+    };
+    let Some(runtime) = stall_runtime() else {
+        return out.tx.blocking_send(item).map_err(|_| Cancelled);
+    };
+    // The timer is made inside `block_on`: it needs the runtime's time driver.
+    let sent = runtime
+        .block_on(async { tokio::time::timeout(out.stall_timeout, out.tx.send(item)).await });
+    match sent {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(Cancelled),
+        Err(_) => {
+            tracing::warn!(
+                target: "keel_local",
+                timeout_ms = out.stall_timeout.as_millis() as u64,
+                "the caller stopped reading a local generation's stream; stopping it"
+            );
+            Err(Cancelled)
+        }
+    }
+}
+
+/// A timer for [`send`]'s wait on the worker thread (which runs no async runtime of its
+/// own): a current-thread runtime with only the time driver, one per worker thread.
+fn stall_runtime() -> Option<&'static tokio::runtime::Runtime> {
+    thread_local! {
+        static RUNTIME: &'static Option<tokio::runtime::Runtime> = Box::leak(Box::new(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .map_err(|error| tracing::warn!(%error, "no timer for stalled streams"))
+                .ok(),
+        ));
+    }
+    RUNTIME.with(|runtime| runtime.as_ref())
 }
 
 fn to_i32(n: u32) -> i32 {
@@ -118,10 +190,26 @@ fn generate(
     job: &Job,
     cache: &mut PromptCache<'_>,
 ) -> Result<Result<(), Cancelled>, ModelError> {
-    let tx = &job.tx;
+    let tx = &Out {
+        tx: &job.tx,
+        stall_timeout: job.spec.stall_timeout,
+    };
     let started = Instant::now();
     let prompt_tokens = engine.tokenize(&job.spec.prompt);
     let n_prompt = to_u32(prompt_tokens.len());
+    if prompt_tokens.is_empty() {
+        // Sampling would read the logits the previous job left behind.
+        return Err(ModelError::new(
+            ModelErrorKind::InvalidRequest,
+            "the prompt is empty (no tokens to evaluate)",
+        ));
+    }
+    let special_tokens = to_u32(
+        prompt_tokens
+            .iter()
+            .filter(|t| engine.specials.contains(**t))
+            .count(),
+    );
     if n_prompt.saturating_add(1) >= job.spec.n_ctx {
         return Err(ModelError::new(
             ModelErrorKind::ContextOverflow,
@@ -154,7 +242,11 @@ fn generate(
 
     // The reusable prefix, then the rest of the prompt in batches, checking for
     // cancellation between them.
-    let plan = cache.prepare(&prompt_tokens, job.spec.cache_slots > 0);
+    let plan = cache.prepare(
+        &prompt_tokens,
+        job.spec.cache_slots > 0,
+        job.spec.partition.as_deref(),
+    );
     let slot = plan.target;
     let cached = to_u32(plan.keep);
     let prompt_started = Instant::now();
@@ -276,6 +368,7 @@ fn generate(
     let first = first_token.unwrap_or_else(Instant::now);
     let stats = GenerationStats {
         prompt_tokens: n_prompt,
+        special_tokens,
         cached_tokens: cached,
         evaluated_tokens: n_prompt.saturating_sub(cached),
         output_tokens: n_gen,
@@ -320,7 +413,7 @@ fn finish(
     mut out: Output,
     mut stop: StopReason,
     format: ToolFormat,
-    tx: &Sender,
+    tx: &Out<'_>,
     n_prompt: u32,
     cached: u32,
     n_gen: u32,

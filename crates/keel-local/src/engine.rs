@@ -29,8 +29,9 @@ use keel_core::{ModelError, ModelErrorKind, StreamEvent};
 use crate::decode::{Job, Spec};
 use crate::grammar::ToolFormat;
 use crate::kv_cache::PromptCache;
-use crate::prompt::Turn;
+use crate::prompt::MarkedTurn;
 use crate::stats::GenerationStats;
+use crate::text::{Prompt, SpecialTokens};
 
 /// The process-wide llama backend.
 pub(crate) fn backend() -> Result<&'static LlamaBackend, ModelError> {
@@ -56,6 +57,8 @@ pub(crate) struct Engine {
     pub factory: ParserFactory,
     /// For each token: does its text start with an ASCII digit?
     pub digit_start: Vec<bool>,
+    /// The vocabulary's control and user-defined tokens, found only in markup.
+    pub specials: SpecialTokens,
     /// Training context of the model.
     pub n_ctx_train: u32,
     /// Parameter count.
@@ -149,18 +152,19 @@ pub(crate) fn load(path: &Path) -> Result<Arc<Engine>, ModelError> {
 }
 
 fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
-    let mut magic = [0u8; 4];
-    let read_magic =
-        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
-    if let Err(e) = read_magic {
-        return Err(load_error(path, format!("cannot read it ({e})")));
-    }
-    if &magic != b"GGUF" {
-        return Err(load_error(
+    // llama.cpp trusts the file's metadata further than a file from an agent file
+    // deserves (a context length past i32 panics llama-cpp-2 on this thread): read the
+    // header with every length bounded first, then load under `catch_unwind`.
+    crate::gguf::check_file(path).map_err(|e| load_error(path, e))?;
+    std::panic::catch_unwind(|| load_checked(path)).unwrap_or_else(|_| {
+        Err(load_error(
             path,
-            "it is not a GGUF file (no GGUF magic bytes)",
-        ));
-    }
+            "llama.cpp or llama-cpp-2 panicked while reading it (its metadata is out of range)",
+        ))
+    })
+}
+
+fn load_checked(path: &Path) -> Result<Engine, ModelError> {
     let backend = backend()?;
     let started = Instant::now();
     let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
@@ -188,6 +192,7 @@ fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
             piece.first().is_some_and(u8::is_ascii_digit)
         })
         .collect();
+    let specials = SpecialTokens::of(&model);
     tracing::info!(
         path = %path.display(),
         params = model.n_params(),
@@ -204,6 +209,7 @@ fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
         template_from_file,
         factory,
         digit_start,
+        specials,
         path: path.to_path_buf(),
         format,
         active: AtomicUsize::new(0),
@@ -214,16 +220,19 @@ fn load_uncached(path: &Path) -> Result<Engine, ModelError> {
 }
 
 impl Engine {
-    /// Applies the chat template, ending with the assistant's opening.
-    pub fn apply_template(&self, turns: &[Turn]) -> Result<String, ModelError> {
+    /// Applies the chat template, ending with the assistant's opening. llama.cpp's
+    /// template engine only sees a placeholder for each turn's content; the content goes
+    /// back in afterwards with its data still marked, so templating cannot make data
+    /// markup.
+    pub fn apply_template(&self, turns: &[MarkedTurn]) -> Result<Prompt, ModelError> {
         let mut chat = Vec::with_capacity(turns.len());
-        for turn in turns {
-            let message =
-                LlamaChatMessage::new(turn.role.to_string(), turn.content.replace('\0', ""))
-                    .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
+        for (i, turn) in turns.iter().enumerate() {
+            let message = LlamaChatMessage::new(turn.role.to_string(), placeholder(i))
+                .map_err(|e| ModelError::new(ModelErrorKind::InvalidRequest, e.to_string()))?;
             chat.push(message);
         }
-        self.model
+        let templated = self
+            .model
             .apply_chat_template(&self.template, &chat, true)
             .map_err(|e| {
                 ModelError::new(
@@ -234,15 +243,57 @@ impl Engine {
                         self.path.display()
                     ),
                 )
-            })
+            })?;
+        Ok(fill_placeholders(&templated, turns))
     }
 
-    /// Tokenizes a templated prompt.
-    pub fn tokenize(&self, prompt: &str) -> Vec<LlamaToken> {
-        let vocab = self.model.vocab();
-        let add_bos = vocab.should_add_bos();
-        vocab.tokenize(prompt.as_bytes(), add_bos, true)
+    /// Tokenizes a rendered prompt: special tokens where its markup spells them, its
+    /// data as text (see [`crate::text`]).
+    pub fn tokenize(&self, prompt: &Prompt) -> Vec<LlamaToken> {
+        let add_bos = self.model.vocab().should_add_bos();
+        self.specials.tokenize(&self.model, prompt, add_bos)
     }
+}
+
+/// Marks where turn `i`'s content goes: private-use characters no template writes and
+/// no template function changes (no letters, no whitespace to trim).
+fn placeholder(i: usize) -> String {
+    format!("\u{E000}{i}\u{E001}")
+}
+
+/// Puts each turn's content where the template wrote its placeholder (a template that
+/// drops a turn drops its content; one that repeats it repeats it).
+fn fill_placeholders(templated: &str, turns: &[MarkedTurn]) -> Prompt {
+    let mut out = Prompt::new();
+    let mut rest = templated;
+    while let Some(start) = rest.find('\u{E000}') {
+        let (before, marker) = rest.split_at(start);
+        let body = marker.get('\u{E000}'.len_utf8()..).unwrap_or_default();
+        let digits = body.bytes().take_while(u8::is_ascii_digit).count();
+        let closed = body
+            .get(digits..)
+            .is_some_and(|t| t.starts_with('\u{E001}'));
+        let turn = body
+            .get(..digits)
+            .and_then(|d| d.parse::<usize>().ok())
+            .and_then(|i| turns.get(i));
+        out.markup(before);
+        match turn {
+            Some(turn) if closed => {
+                out.append(&turn.content);
+                rest = body
+                    .get(digits.saturating_add('\u{E001}'.len_utf8())..)
+                    .unwrap_or_default();
+            }
+            // Not one of ours (cannot happen: no content reaches the template).
+            _ => {
+                out.data("\u{E000}");
+                rest = body;
+            }
+        }
+    }
+    out.markup(rest);
+    out
 }
 
 /// The receiving end of a generation's events; dropping it cancels the generation.
@@ -309,7 +360,7 @@ fn worker(model: Arc<LlamaModel>, jobs: std::sync::mpsc::Receiver<Job>) {
             ))
         });
         if let Err(error) = result {
-            let _ = job.tx.blocking_send(Err(error));
+            crate::decode::send_error(&job, error);
         }
     }
 }

@@ -39,6 +39,7 @@ use serde_json::{Value, json};
 use keel_core::{Message, ModelRequest, Part, Role, ToolChoice, ToolDefinition};
 
 use crate::grammar::{CALL_CLOSE, CALL_OPEN, ParsedCall, ParsedOutput};
+use crate::text::Prompt;
 
 /// Qwen's system prompt when the request has none (its template's default).
 pub const DEFAULT_SYSTEM: &str =
@@ -65,7 +66,15 @@ pub fn python_json(value: &Value) -> String {
 
 /// The `# Tools` section Qwen's template appends to the system prompt.
 pub fn tools_section(tools: &[&ToolDefinition]) -> String {
-    let mut out = String::from(
+    tools_section_prompt(tools).into_text()
+}
+
+/// [`tools_section`] with its data marked: the framing is the template's (its
+/// `<tool_call>` markers are Qwen's special tokens), each signature is data (names,
+/// descriptions and schemas come from tool authors and MCP servers).
+fn tools_section_prompt(tools: &[&ToolDefinition]) -> Prompt {
+    let mut out = Prompt::new();
+    out.markup(
         "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
          You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
     );
@@ -78,10 +87,10 @@ pub fn tools_section(tools: &[&ToolDefinition]) -> String {
                 "parameters": tool.input_schema,
             }
         });
-        out.push('\n');
-        out.push_str(&python_json(&signature));
+        out.markup("\n");
+        out.data(&python_json(&signature));
     }
-    out.push_str(
+    out.markup(
         "\n</tools>\n\nFor each function call, return a json object with function name and \
          arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": \
          <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
@@ -89,12 +98,13 @@ pub fn tools_section(tools: &[&ToolDefinition]) -> String {
     out
 }
 
-fn push_turn(out: &mut String, role: &str, content: &str) {
-    out.push_str("<|im_start|>");
-    out.push_str(role);
-    out.push('\n');
-    out.push_str(content);
-    out.push_str("<|im_end|>\n");
+/// One turn: the role header is markup, the content data.
+fn push_turn(out: &mut Prompt, role: &str, content: &Prompt) {
+    out.markup("<|im_start|>");
+    out.markup(role);
+    out.markup("\n");
+    out.append(content);
+    out.markup("<|im_end|>\n");
 }
 
 /// The tools listed in the prompt under a tool choice: all of them, also under `None`
@@ -113,29 +123,36 @@ fn offered<'t>(tools: &'t [ToolDefinition], choice: &ToolChoice) -> Vec<&'t Tool
 
 /// The complete prompt of a request, ending with the assistant's opening.
 pub fn render(request: &ModelRequest<'_>) -> String {
-    let mut system = request.system.unwrap_or(DEFAULT_SYSTEM).to_string();
+    render_prompt(request).into_text()
+}
+
+/// [`render`] with its data marked (see [`crate::text`]): message text, tool results,
+/// call arguments and tool signatures stay text when tokenized.
+pub(crate) fn render_prompt(request: &ModelRequest<'_>) -> Prompt {
+    let mut system = Prompt::new();
+    system.data(request.system.unwrap_or(DEFAULT_SYSTEM));
     let tools = offered(request.tools, request.tool_choice);
     if !tools.is_empty() {
-        system.push_str(&tools_section(&tools));
+        system.append(&tools_section_prompt(&tools));
     }
     if let Some(schema) = request.response_schema {
-        system.push_str("\n\nAnswer with JSON that follows this JSON Schema:\n");
-        system.push_str(&schema.to_string());
+        system.markup("\n\nAnswer with JSON that follows this JSON Schema:\n");
+        system.data(&schema.to_string());
     }
-    let mut out = String::new();
+    let mut out = Prompt::new();
     push_turn(&mut out, "system", &system);
     let mut in_tool_turn = false;
     for message in request.messages {
         if message.role == Role::Tool {
             if !in_tool_turn {
-                out.push_str("<|im_start|>user");
+                out.markup("<|im_start|>user");
                 in_tool_turn = true;
             }
             push_results(&mut out, message);
             continue;
         }
         if in_tool_turn {
-            out.push_str("<|im_end|>\n");
+            out.markup("<|im_end|>\n");
             in_tool_turn = false;
         }
         match message.role {
@@ -146,47 +163,47 @@ pub fn render(request: &ModelRequest<'_>) -> String {
         }
     }
     if in_tool_turn {
-        out.push_str("<|im_end|>\n");
+        out.markup("<|im_end|>\n");
     }
-    out.push_str("<|im_start|>assistant\n");
+    out.markup("<|im_start|>assistant\n");
     out
 }
 
-fn text_of(message: &Message) -> String {
-    let mut text = String::new();
+fn text_of(message: &Message) -> Prompt {
+    let mut text = Prompt::new();
     for part in &message.parts {
         match part {
             Part::Text { text: t } | Part::Summary { text: t, .. } => {
                 if !text.is_empty() {
-                    text.push('\n');
+                    text.markup("\n");
                 }
-                text.push_str(t);
+                text.data(t);
             }
             // A result in a user message (unusual): shown the way a tool turn shows it.
             Part::ToolResult(result) => {
                 if !text.is_empty() {
-                    text.push('\n');
+                    text.markup("\n");
                 }
-                text.push_str("<tool_response>\n");
-                text.push_str(&result.content);
-                text.push_str("\n</tool_response>");
+                text.markup("<tool_response>\n");
+                text.data(&result.content);
+                text.markup("\n</tool_response>");
             }
             Part::ToolCall(_) | Part::ProviderItem { .. } => {}
         }
     }
-    text.replace('\0', "")
+    text
 }
 
-fn push_assistant(out: &mut String, message: &Message) {
+fn push_assistant(out: &mut Prompt, message: &Message) {
     let text = text_of(message);
     if !message.parts.iter().any(|p| matches!(p, Part::ToolCall(_))) {
         push_turn(out, "assistant", &text);
         return;
     }
-    out.push_str("<|im_start|>assistant");
+    out.markup("<|im_start|>assistant");
     if !text.is_empty() {
-        out.push('\n');
-        out.push_str(&text);
+        out.markup("\n");
+        out.append(&text);
     }
     for part in &message.parts {
         if let Part::ToolCall(call) = part {
@@ -195,31 +212,42 @@ fn push_assistant(out: &mut String, message: &Message) {
             } else {
                 call.arguments.as_str()
             };
-            out.push('\n');
-            out.push_str(&call_block(&call.name, arguments));
+            out.markup("\n");
+            out.append(&call_block_prompt(&call.name, arguments));
         }
     }
-    out.push_str("<|im_end|>\n");
+    out.markup("<|im_end|>\n");
 }
 
 /// One call as the model writes it.
 pub fn call_block(name: &str, arguments: &str) -> String {
-    format!(
-        "{CALL_OPEN}\n{{\"name\": {}, \"arguments\": {arguments}}}\n{CALL_CLOSE}",
-        Value::String(name.to_string())
-    )
+    call_block_prompt(name, arguments).into_text()
 }
 
-fn push_results(out: &mut String, message: &Message) {
+/// [`call_block`] with the name and arguments as data and the markers as markup (the
+/// model produced them as its special tokens).
+fn call_block_prompt(name: &str, arguments: &str) -> Prompt {
+    let mut out = Prompt::new();
+    out.markup(CALL_OPEN);
+    out.markup("\n{\"name\": ");
+    out.data(&Value::String(name.to_string()).to_string());
+    out.markup(", \"arguments\": ");
+    out.data(arguments);
+    out.markup("}\n");
+    out.markup(CALL_CLOSE);
+    out
+}
+
+fn push_results(out: &mut Prompt, message: &Message) {
     for part in &message.parts {
         let content = match part {
             Part::ToolResult(result) => result.content.as_str(),
             Part::Text { text } => text.as_str(),
             _ => continue,
         };
-        out.push_str("\n<tool_response>\n");
-        out.push_str(&content.replace('\0', ""));
-        out.push_str("\n</tool_response>");
+        out.markup("\n<tool_response>\n");
+        out.data(content);
+        out.markup("\n</tool_response>");
     }
 }
 

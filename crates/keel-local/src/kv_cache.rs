@@ -50,6 +50,8 @@ pub(crate) struct ContextKey {
 struct Slot {
     /// The tokens its KV sequence holds, in order from position 0.
     tokens: Vec<LlamaToken>,
+    /// The cache partition of the generation that filled it.
+    partition: Option<String>,
     /// When it was last used (a counter, not a clock).
     last_used: u64,
 }
@@ -68,21 +70,58 @@ pub(crate) struct Plan {
 /// Chooses the slot for a prompt. `slots` are each slot's recorded tokens and last use;
 /// with `reuse` false nothing is kept (the cache is off). At least one prompt token is
 /// always evaluated, since its logits are needed.
+#[cfg(test)]
 pub(crate) fn choose<T: PartialEq>(slots: &[(&[T], u64)], prompt: &[T], reuse: bool) -> Plan {
-    let max_keep = if reuse {
+    let rules = Rules {
+        reuse,
+        eligible: &vec![true; slots.len()],
+        whole_only: false,
+    };
+    choose_with(slots, prompt, &rules)
+}
+
+/// What a prompt may reuse.
+pub(crate) struct Rules<'r> {
+    /// The cache is on.
+    pub reuse: bool,
+    /// Per slot: may its tokens be reused (same cache partition)? A slot that may not is
+    /// still evicted like any other, least recently used first.
+    pub eligible: &'r [bool],
+    /// Only a slot's whole recorded sequence can be kept, and nothing copied between
+    /// slots: recurrent and hybrid models keep a state, not per-token cells, so
+    /// llama.cpp can neither cut their sequence short nor copy part of it.
+    pub whole_only: bool,
+}
+
+/// [`choose`] under [`Rules`].
+pub(crate) fn choose_with<T: PartialEq>(
+    slots: &[(&[T], u64)],
+    prompt: &[T],
+    rules: &Rules<'_>,
+) -> Plan {
+    let max_keep = if rules.reuse {
         prompt.len().saturating_sub(1)
     } else {
         0
     };
     let common: Vec<usize> = slots
         .iter()
-        .map(|(tokens, _)| {
-            tokens
+        .enumerate()
+        .map(|(i, (tokens, _))| {
+            if !rules.eligible.get(i).copied().unwrap_or(false) {
+                return 0;
+            }
+            let c = tokens
                 .iter()
                 .zip(prompt)
                 .take_while(|(a, b)| a == b)
                 .count()
-                .min(max_keep)
+                .min(max_keep);
+            if rules.whole_only && c != tokens.len() {
+                0
+            } else {
+                c
+            }
         })
         .collect();
     // The best match; among equal matches the one with the least to throw away.
@@ -117,7 +156,7 @@ pub(crate) fn choose<T: PartialEq>(slots: &[(&[T], u64)], prompt: &[T], reuse: b
             (tokens > 0, last_used)
         })
         .unwrap_or(best);
-    if best_keep > 0 && target != best {
+    if best_keep > 0 && target != best && !rules.whole_only {
         Plan {
             target,
             keep: best_keep,
@@ -136,6 +175,8 @@ pub(crate) fn choose<T: PartialEq>(slots: &[(&[T], u64)], prompt: &[T], reuse: b
 pub(crate) struct PromptCache<'m> {
     ctx: LlamaContext<'m>,
     key: ContextKey,
+    /// Recurrent or hybrid model: see [`Rules::whole_only`].
+    recurrent: bool,
     slots: Vec<Slot>,
     clock: u64,
 }
@@ -177,6 +218,7 @@ impl<'m> PromptCache<'m> {
         Ok(Self {
             ctx,
             key,
+            recurrent: model.is_recurrent() || model.is_hybrid(),
             slots: vec![Slot::default(); usize::try_from(slots).unwrap_or(1)],
             clock: 0,
         })
@@ -199,13 +241,23 @@ impl<'m> PromptCache<'m> {
 
     /// Picks the slot for `prompt` and trims or copies its KV memory so that it holds
     /// exactly the reused prefix. Returns the plan (`keep` tokens need no evaluation).
-    pub fn prepare(&mut self, prompt: &[LlamaToken], reuse: bool) -> Plan {
+    pub fn prepare(&mut self, prompt: &[LlamaToken], reuse: bool, partition: Option<&str>) -> Plan {
         let views: Vec<(&[LlamaToken], u64)> = self
             .slots
             .iter()
             .map(|s| (s.tokens.as_slice(), s.last_used))
             .collect();
-        let mut plan = choose(&views, prompt, reuse);
+        let eligible: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|s| s.partition.as_deref() == partition)
+            .collect();
+        let rules = Rules {
+            reuse,
+            eligible: &eligible,
+            whole_only: self.recurrent,
+        };
+        let mut plan = choose_with(&views, prompt, &rules);
         self.clock = self.clock.saturating_add(1);
         let target = plan.target;
         match plan.source {
@@ -248,6 +300,9 @@ impl<'m> PromptCache<'m> {
         plan.source = None;
         if let Some(slot) = self.slots.get_mut(target) {
             slot.last_used = self.clock;
+            if slot.partition.as_deref() != partition {
+                slot.partition = partition.map(str::to_string);
+            }
         }
         plan
     }
@@ -381,5 +436,48 @@ mod tests {
         assert_eq!(plan(&[(a, 2), (b, 1)], &[9]).target, 1);
         assert_eq!(plan(&[(a, 2), (&[], 3)], &[9]).target, 1);
         assert_eq!(plan(&[], &[9]).target, 0);
+    }
+
+    #[test]
+    fn never_reuses_another_partitions_slot() {
+        // Slot 0 holds another tenant's prompt, which the new one extends exactly: it is
+        // not reused (nothing kept, so neither the counters nor the timing tell), and it
+        // is still evicted least recently used first.
+        let a: &[u32] = &[1, 2, 3, 4, 5];
+        let rules = Rules {
+            reuse: true,
+            eligible: &[false, true],
+            whole_only: false,
+        };
+        let plan = choose_with(&[(a, 1), (&[9], 2)], &[1, 2, 3, 4, 5, 6], &rules);
+        assert_eq!(plan.keep, 0);
+        assert_eq!(plan.source, None);
+        assert_eq!(plan.target, 0);
+        // The same partition reuses it.
+        let rules = Rules {
+            eligible: &[true, true],
+            ..rules
+        };
+        assert_eq!(
+            choose_with(&[(a, 1), (&[9], 2)], &[1, 2, 3, 4, 5, 6], &rules).keep,
+            5
+        );
+    }
+
+    #[test]
+    fn recurrent_models_keep_whole_sequences_only() {
+        let a: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
+        let rules = Rules {
+            reuse: true,
+            eligible: &[true, true],
+            whole_only: true,
+        };
+        // A prefix of slot 0 cannot be cut out of a recurrent state, nor copied.
+        let plan = choose_with(&[(a, 5), (&[], 0)], &[1, 2, 9, 9], &rules);
+        assert_eq!((plan.keep, plan.source), (0, None));
+        // The whole sequence extended: kept.
+        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let plan = choose_with(&[(a, 5), (&[], 0)], &prompt, &rules);
+        assert_eq!((plan.target, plan.keep, plan.source), (0, 8, None));
     }
 }

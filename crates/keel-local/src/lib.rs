@@ -19,6 +19,7 @@
 
 mod decode;
 mod engine;
+mod gguf;
 pub mod grammar;
 pub mod grounding;
 pub mod hermes;
@@ -27,6 +28,7 @@ pub mod models;
 mod options;
 pub mod prompt;
 mod stats;
+mod text;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,6 +48,75 @@ pub use models::{
 };
 pub use options::LocalModelOptions;
 pub use stats::GenerationStats;
+
+/// Refuses a file whose SHA-256 is not in `allowed` (when the list is not empty). Each
+/// file is hashed once per process while its size, modification and change times stay
+/// the same.
+fn check_allowed(path: &Path, allowed: &[String]) -> Result<(), ModelError> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Stamp = (u64, Option<std::time::SystemTime>, i64, i64);
+    static HASHED: OnceLock<Mutex<HashMap<PathBuf, (Stamp, String)>>> = OnceLock::new();
+    if allowed.is_empty() {
+        return Ok(());
+    }
+    let refused = |what: String| {
+        ModelError::new(
+            ModelErrorKind::InvalidRequest,
+            format!(
+                "cannot load local model {}: {what}. Add its SHA-256 to the allowed list \
+                 ([local] allowed_sha256 in keel.toml) only if you trust where it came from",
+                path.display()
+            ),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| refused(format!("cannot read it ({e})")))?;
+    let stamp: Stamp = {
+        use std::os::unix::fs::MetadataExt;
+        (
+            meta.len(),
+            meta.modified().ok(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+        )
+    };
+    let hashed = HASHED.get_or_init(|| Mutex::new(HashMap::new()));
+    let known = hashed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(path)
+        .filter(|(s, _)| *s == stamp)
+        .map(|(_, hash)| hash.clone());
+    let hash = match known {
+        Some(hash) => hash,
+        None => {
+            let hash = models::sha256_file(path).map_err(|e| refused(e.to_string()))?;
+            hashed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(path.to_path_buf(), (stamp, hash.clone()));
+            hash
+        }
+    };
+    if allowed.iter().any(|a| a.trim().eq_ignore_ascii_case(&hash)) {
+        Ok(())
+    } else {
+        Err(refused(format!(
+            "its SHA-256 {hash} is not in the allowed list"
+        )))
+    }
+}
+
+/// One token of a prompt as the model reads it ([`LocalModel::prompt_tokens`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptToken {
+    /// The token id.
+    pub id: i32,
+    /// Its text.
+    pub text: String,
+    /// Whether it is a special (control or user-defined) token.
+    pub special: bool,
+}
 
 use decode::{Sampling, Spec};
 use engine::Engine;
@@ -87,6 +158,7 @@ impl LocalModel {
     /// [`LocalModel::load_async`]). Errors name the path and the fix.
     pub fn load(path: impl AsRef<Path>, options: LocalModelOptions) -> Result<Self, ModelError> {
         let path = path.as_ref();
+        check_allowed(path, &options.allowed_sha256)?;
         let engine = engine::load(path)?;
         let name = model_name(path);
         let cap = options
@@ -147,11 +219,56 @@ impl LocalModel {
 
     /// The exact prompt text the model sees for a request (chat template applied).
     pub fn render_prompt(&self, request: &ModelRequest<'_>) -> Result<String, ModelError> {
+        self.marked_prompt(request).map(text::Prompt::into_text)
+    }
+
+    /// The prompt with its data marked: what [`Engine::tokenize`] keeps as text.
+    fn marked_prompt(&self, request: &ModelRequest<'_>) -> Result<text::Prompt, ModelError> {
         let request = self.effective(request);
         match self.tool_format() {
-            ToolFormat::Hermes => Ok(hermes::render(&request)),
-            ToolFormat::JsonArray => self.engine.apply_template(&prompt::render(&request)),
+            ToolFormat::Hermes => Ok(hermes::render_prompt(&request)),
+            ToolFormat::JsonArray => self.engine.apply_template(&prompt::render_turns(&request)),
         }
+    }
+
+    /// The tokens the model evaluates for a request, each with its text and whether it
+    /// is a special (control or user-defined) token. Special tokens come only from the
+    /// chat format's own markup: message text, tool results, tool arguments and tool
+    /// definitions are tokenized as text, whatever they spell (`<|im_start|>system` in a
+    /// tool result is ordinary text to the model). For inspecting what a model reads.
+    pub fn prompt_tokens(
+        &self,
+        request: &ModelRequest<'_>,
+    ) -> Result<Vec<PromptToken>, ModelError> {
+        let prompt = self.marked_prompt(request)?;
+        let vocab = self.engine.model.vocab();
+        Ok(self
+            .engine
+            .tokenize(&prompt)
+            .into_iter()
+            .map(|token| PromptToken {
+                id: token.0,
+                text: String::from_utf8_lossy(&vocab.token_to_piece(token, true, None))
+                    .into_owned(),
+                special: self.engine.specials.contains(token),
+            })
+            .collect())
+    }
+
+    /// How llama.cpp alone tokenizes `text` with special-token parsing on (what every
+    /// prompt went through before data was kept as text): for comparisons.
+    pub fn tokenize_with_specials(&self, text: &str) -> Vec<i32> {
+        let vocab = self.engine.model.vocab();
+        vocab
+            .tokenize(text.as_bytes(), vocab.should_add_bos(), true)
+            .into_iter()
+            .map(|t| t.0)
+            .collect()
+    }
+
+    /// How many special (control and user-defined) tokens the vocabulary has.
+    pub fn special_token_count(&self) -> usize {
+        self.engine.specials.len()
     }
 
     /// The tool-call format in use ([`LocalModelOptions::tool_format`], else detected from
@@ -212,7 +329,7 @@ impl LocalModel {
 
     fn prepare(&self, request: &ModelRequest<'_>) -> Result<Spec, ModelError> {
         let request = &self.effective(request);
-        let prompt = self.render_prompt(request)?;
+        let prompt = self.marked_prompt(request)?;
         let format = self.tool_format();
         let allowed = grammar_tools(request, self.eager_tools());
         let constraint = build_constraint(
@@ -236,7 +353,9 @@ impl LocalModel {
             n_ctx: self.n_ctx,
             threads: self.options.effective_threads(),
             batch_threads: self.options.effective_batch_threads(),
-            batch_size: self.options.batch_size,
+            // A batch larger than the context cannot be filled (and one past i32 would
+            // panic in llama-cpp-2's `LlamaBatch::new`).
+            batch_size: self.options.batch_size.clamp(16, self.n_ctx.max(16)),
             cache_slots: self.options.cache_slots,
             cache_tokens: self.options.cache_tokens.unwrap_or(self.n_ctx),
             sampling: Sampling {
@@ -247,6 +366,8 @@ impl LocalModel {
             },
             max_digits: self.options.max_number_digits.max(1),
             ignore_eos: self.options.ignore_eos,
+            stall_timeout: self.options.stalled_reader_timeout(),
+            partition: self.options.cache_partition.clone(),
         })
     }
 }
@@ -377,7 +498,7 @@ impl Model for LocalModel {
     }
 
     fn estimate_tokens(&self, request: &ModelRequest<'_>) -> u64 {
-        match self.render_prompt(request) {
+        match self.marked_prompt(request) {
             Ok(prompt) => self.engine.tokenize(&prompt).len() as u64,
             Err(_) => keel_core::model::estimate_request_tokens(request),
         }

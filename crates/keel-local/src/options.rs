@@ -65,6 +65,20 @@ pub struct LocalModelOptions {
     /// Keep generating past end-of-turn until the token cap (for decode benchmarks only;
     /// ignored by constrained generations).
     pub ignore_eos: bool,
+    /// How long (ms) a generation waits for a caller that holds its stream but stopped
+    /// reading it before it stops (the model's one worker thread is free again). Default
+    /// two minutes; at most an hour.
+    pub stalled_reader_timeout_ms: u64,
+    /// Who may share the prompt (KV) cache: generations of handles with the same
+    /// partition reuse each other's cached prefixes, others never see them (not even
+    /// through `cache_read_tokens` or the time to first token, which would tell a caller
+    /// how much of a guessed prompt another one sent). `None`: one partition for the
+    /// process. `keel serve` sets the tenant.
+    pub cache_partition: Option<String>,
+    /// SHA-256 digests (lowercase hex) a model file must have to be loaded. Empty: any
+    /// GGUF that passes the header checks loads (the pinned models are verified by
+    /// [`crate::models::resolve_model`] either way).
+    pub allowed_sha256: Vec<String>,
 }
 
 impl Default for LocalModelOptions {
@@ -88,6 +102,9 @@ impl Default for LocalModelOptions {
             cache_tokens: None,
             tool_format: None,
             ignore_eos: false,
+            stalled_reader_timeout_ms: 120_000,
+            cache_partition: None,
+            allowed_sha256: Vec::new(),
         }
     }
 }
@@ -121,6 +138,17 @@ impl LocalModelOptions {
     pub fn with_cache_slots(mut self, slots: u32) -> Self {
         self.cache_slots = slots;
         self
+    }
+
+    /// Sets the prompt-cache partition ([`LocalModelOptions::cache_partition`]).
+    pub fn with_cache_partition(mut self, partition: impl Into<String>) -> Self {
+        self.cache_partition = Some(partition.into());
+        self
+    }
+
+    /// The stall limit of a stream's reader, bounded to one hour.
+    pub fn stalled_reader_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.stalled_reader_timeout_ms.clamp(1, 3_600_000))
     }
 
     /// Sets the sampler seed.

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use keel_core::{Message, ModelRequest, Part, Role, ToolChoice, ToolDefinition};
 
 use crate::grammar::{CALL_CLOSE, CALL_OPEN};
+use crate::text::Prompt;
 
 /// One chat turn before templating.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +22,11 @@ pub struct Turn {
 
 /// The tool section of the system prompt.
 pub fn tool_instructions(tools: &[ToolDefinition], choice: &ToolChoice) -> Option<String> {
+    tool_instructions_prompt(tools, choice).map(Prompt::into_text)
+}
+
+/// [`tool_instructions`] with the catalogue (from tool authors and MCP servers) as data.
+fn tool_instructions_prompt(tools: &[ToolDefinition], choice: &ToolChoice) -> Option<Prompt> {
     let offered: Vec<&ToolDefinition> = match choice {
         ToolChoice::None => return None,
         ToolChoice::Tool(name) => tools.iter().filter(|t| &t.name == name).collect(),
@@ -42,37 +48,67 @@ pub fn tool_instructions(tools: &[ToolDefinition], choice: &ToolChoice) -> Optio
         }
         _ => "You must call a function.",
     };
-    Some(format!(
+    let mut out = Prompt::new();
+    out.markup(&format!(
         "You are an expert in composing functions. You are given a question and a set of \
          possible functions. Based on the question, you will need to make one or more \
          function/tool calls to achieve the purpose. {rule}\n\n\
-         You have access to the following tools:\n<tools>{catalogue}</tools>\n\n\
+         You have access to the following tools:\n<tools>"
+    ));
+    out.data(&catalogue);
+    out.markup(&format!(
+        "</tools>\n\n\
          The output MUST strictly adhere to the following format, and NO other text MUST be \
          included. Please make sure the parameter type is correct.\n\
          {CALL_OPEN}[\n{{\"name\": \"func_name1\", \"arguments\": {{\"argument1\": \"value1\", \
          \"argument2\": \"value2\"}}}},\n... (more tool calls as required)\n]{CALL_CLOSE}"
-    ))
+    ));
+    Some(out)
 }
 
 /// The chat turns of a request.
 pub fn render(request: &ModelRequest<'_>) -> Vec<Turn> {
+    render_turns(request)
+        .into_iter()
+        .map(|turn| Turn {
+            role: turn.role,
+            content: turn.content.into_text(),
+        })
+        .collect()
+}
+
+/// One chat turn with its data marked (see [`crate::text`]).
+#[derive(Debug, Clone)]
+pub(crate) struct MarkedTurn {
+    /// `system`, `user` or `assistant`.
+    pub role: &'static str,
+    /// The content.
+    pub content: Prompt,
+}
+
+/// [`render`] with the data of each turn marked: message text, tool results, call
+/// arguments and the tool catalogue stay text when tokenized.
+pub(crate) fn render_turns(request: &ModelRequest<'_>) -> Vec<MarkedTurn> {
     let mut turns = Vec::with_capacity(request.messages.len().saturating_add(1));
-    let mut system = request.system.map(str::to_string).unwrap_or_default();
-    if let Some(tools) = tool_instructions(request.tools, request.tool_choice) {
+    let mut system = Prompt::new();
+    if let Some(text) = request.system {
+        system.data(text);
+    }
+    if let Some(tools) = tool_instructions_prompt(request.tools, request.tool_choice) {
         if !system.is_empty() {
-            system.push_str("\n\n");
+            system.markup("\n\n");
         }
-        system.push_str(&tools);
+        system.append(&tools);
     }
     if let Some(schema) = request.response_schema {
         if !system.is_empty() {
-            system.push_str("\n\n");
+            system.markup("\n\n");
         }
-        system.push_str("Answer with JSON that follows this JSON Schema:\n");
-        system.push_str(&schema.to_string());
+        system.markup("Answer with JSON that follows this JSON Schema:\n");
+        system.data(&schema.to_string());
     }
     if !system.is_empty() {
-        turns.push(Turn {
+        turns.push(MarkedTurn {
             role: "system",
             content: system,
         });
@@ -90,26 +126,26 @@ pub fn render(request: &ModelRequest<'_>) -> Vec<Turn> {
             && last.role == role
             && role != "assistant"
         {
-            last.content.push_str("\n\n");
-            last.content.push_str(&content);
+            last.content.markup("\n\n");
+            last.content.append(&content);
             continue;
         }
-        turns.push(Turn { role, content });
+        turns.push(MarkedTurn { role, content });
     }
     turns
 }
 
-fn render_message(message: &Message) -> String {
-    let mut text = String::new();
-    let mut calls: Vec<String> = Vec::new();
-    let mut results: Vec<String> = Vec::new();
+fn render_message(message: &Message) -> Prompt {
+    let mut text = Prompt::new();
+    let mut calls: Vec<Prompt> = Vec::new();
+    let mut results: Vec<Prompt> = Vec::new();
     for part in &message.parts {
         match part {
             Part::Text { text: t } | Part::Summary { text: t, .. } => {
                 if !text.is_empty() {
-                    text.push('\n');
+                    text.markup("\n");
                 }
-                text.push_str(t);
+                text.data(t);
             }
             Part::ToolCall(call) => {
                 let arguments = if call.arguments.trim().is_empty() {
@@ -117,35 +153,50 @@ fn render_message(message: &Message) -> String {
                 } else {
                     &call.arguments
                 };
-                calls.push(format!(
-                    "{{\"name\": {}, \"arguments\": {arguments}}}",
-                    Value::String(call.name.clone())
-                ));
+                let mut rendered = Prompt::new();
+                rendered.markup("{\"name\": ");
+                rendered.data(&Value::String(call.name.clone()).to_string());
+                rendered.markup(", \"arguments\": ");
+                rendered.data(arguments);
+                rendered.markup("}");
+                calls.push(rendered);
             }
             Part::ToolResult(result) => {
-                results.push(format!(
-                    "The {} tool returned: {}",
-                    result.name, result.content
-                ));
+                let mut rendered = Prompt::new();
+                rendered.markup("The ");
+                rendered.data(&result.name);
+                rendered.markup(" tool returned: ");
+                rendered.data(&result.content);
+                results.push(rendered);
             }
             Part::ProviderItem { .. } => {}
         }
     }
     if !calls.is_empty() {
         if !text.is_empty() {
-            text.push('\n');
+            text.markup("\n");
         }
-        text.push_str(CALL_OPEN);
-        text.push('[');
-        text.push_str(&calls.join(", "));
-        text.push(']');
-        text.push_str(CALL_CLOSE);
+        text.markup(CALL_OPEN);
+        text.markup("[");
+        for (i, call) in calls.iter().enumerate() {
+            if i > 0 {
+                text.markup(", ");
+            }
+            text.append(call);
+        }
+        text.markup("]");
+        text.markup(CALL_CLOSE);
     }
     if !results.is_empty() {
         if !text.is_empty() {
-            text.push('\n');
+            text.markup("\n");
         }
-        text.push_str(&results.join("\n"));
+        for (i, result) in results.iter().enumerate() {
+            if i > 0 {
+                text.markup("\n");
+            }
+            text.append(result);
+        }
     }
     text
 }

@@ -11,6 +11,9 @@ use std::time::Duration;
 pub struct GenerationStats {
     /// Prompt tokens.
     pub prompt_tokens: u32,
+    /// Special (control and user-defined) tokens among them: the chat format's own
+    /// markers only, never anything a message or tool result spelled.
+    pub special_tokens: u32,
     /// Prompt tokens found in the KV cache (not evaluated).
     pub cached_tokens: u32,
     /// Prompt tokens evaluated (`prompt_tokens - cached_tokens`).

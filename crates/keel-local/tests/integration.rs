@@ -9,3 +9,4 @@ mod local_model;
 mod prompt_cache;
 mod pull;
 mod random_catalogs;
+mod untrusted_input;

@@ -185,12 +185,16 @@ impl JobAgents for ServerJobs {
     async fn build(
         &self,
         spec: &Recipe,
+        thread_id: &str,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
     ) -> Result<(Box<dyn Agent>, RunContext), BuildError> {
+        // The tenant's own prompt cache: a local model shares cached prefixes only among
+        // one tenant's runs (another tenant could time them).
+        let partition = crate::tenancy::tenant_of(thread_id).unwrap_or_default();
         let built = spec
-            .build_agent(&self.app, None)
+            .build_agent_in(&self.app, None, Some(partition))
             .await
             .map_err(BuildError::from)?;
         let run_id = match start {

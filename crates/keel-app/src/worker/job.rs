@@ -57,12 +57,15 @@ pub trait JobAgents: Send + Sync + 'static {
     fn recorded(&self, run_events: &[std::sync::Arc<Event>]) -> Result<Option<Self::Spec>, String>;
 
     /// Builds the agent of `spec` and its run context over `store` (no terminal: approvals
-    /// pause the run), cancelled by `cancel`. A [`BuildError::Transient`] error retries
+    /// pause the run) on thread `thread_id` (a server scopes what the agent shares, such
+    /// as the local model's prompt cache, to the thread's tenant), cancelled by `cancel`.
+    /// A [`BuildError::Transient`] error retries
     /// the job (with backoff, up to the worker's `max_attempts`, then it is dead-lettered
     /// with the error); a [`BuildError::Permanent`] one fails it at once with its message.
     async fn build(
         &self,
         spec: &Self::Spec,
+        thread_id: &str,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
@@ -251,7 +254,7 @@ pub(super) async fn drive<A: JobAgents>(
                 run_events: thread.run_events(),
             };
             let (agent, context) = agents
-                .build(&spec, start, store.clone(), cancel)
+                .build(&spec, thread_id, start, store.clone(), cancel)
                 .await
                 .map_err(JobFailure::from)?;
             let context = with_credentials(agents, thread_id, context);
@@ -274,7 +277,7 @@ pub(super) async fn drive<A: JobAgents>(
             let spec = submitted();
             policy.check(&spec).map_err(Permanent)?;
             let (agent, context) = agents
-                .build(&spec, JobStart::New, store.clone(), cancel)
+                .build(&spec, thread_id, JobStart::New, store.clone(), cancel)
                 .await
                 .map_err(JobFailure::from)?;
             let context = with_credentials(agents, thread_id, context);

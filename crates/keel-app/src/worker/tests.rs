@@ -64,6 +64,7 @@ impl JobAgents for Scripted {
     async fn build(
         &self,
         spec: &Spec,
+        _thread_id: &str,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
@@ -112,6 +113,7 @@ impl JobAgents for Flaky {
     async fn build(
         &self,
         spec: &Spec,
+        thread_id: &str,
         start: JobStart<'_>,
         store: Arc<dyn EventStore>,
         cancel: CancellationToken,
@@ -127,7 +129,7 @@ impl JobAgents for Flaky {
         if failed {
             return Err(self.error.clone());
         }
-        Scripted.build(spec, start, store, cancel).await
+        Scripted.build(spec, thread_id, start, store, cancel).await
     }
 }
 

@@ -225,6 +225,7 @@ pub async fn replay_cassette(
         context_strategy: recipe.context_strategy.clone(),
         context_window: recipe.context_window,
         max_output_tokens: recipe.max_output_tokens,
+        cache_partition: None,
     };
     let (builder, resolution) = app
         .agent_builder(&request)
