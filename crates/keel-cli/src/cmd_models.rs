@@ -103,6 +103,12 @@ impl Reporter {
 
     fn on(&self, event: &PullEvent) {
         match event {
+            PullEvent::Waiting { name, lock } => {
+                self.line(format!(
+                    "waiting for another pull of {name} to finish (it holds {})",
+                    lock.display()
+                ));
+            }
             PullEvent::AlreadyPresent { path } => {
                 self.line(format!(
                     "{} is already there and verified (size and SHA-256 match)",
