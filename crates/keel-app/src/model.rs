@@ -134,8 +134,9 @@ pub fn build_model_async(
     }
 }
 
-/// How an embedded `local:` model is loaded.
+/// How an embedded `local:` model is loaded (read only with the `local` feature).
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
 struct LocalSettings {
     threads: Option<u32>,
     cache_partition: Option<String>,

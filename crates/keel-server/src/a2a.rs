@@ -626,9 +626,7 @@ impl KeelA2a {
                 (client, Thread::with_id(store))
             }
         };
-        check_run_limits(state, tenant)
-            .await
-            .map_err(|e| RpcError::internal(e.message))?;
+        let admission = check_run_limits(state, tenant).await.map_err(limit_error)?;
         // Subscribed before the run is queued: a worker here may start it at once.
         let hub = state.hub.subscribe();
         let queued = enqueue_new(state.queue.as_ref(), &thread, recipe_for(&ctx.agent), text)
@@ -639,6 +637,7 @@ impl KeelA2a {
             .runs_queued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         track(state, tenant, thread.id(), queued.job_id);
+        drop(admission);
         let task = TaskRef {
             id: format!("{client_id}.{}", queued.submission),
             client_id: client_id.clone(),
@@ -774,9 +773,7 @@ impl KeelA2a {
         let recipe = Recipe::recorded(thread.run_events())
             .map_err(|e| RpcError::internal(e.to_string()))?
             .ok_or_else(|| RpcError::unsupported("the task's run recorded no agent"))?;
-        check_run_limits(state, tenant)
-            .await
-            .map_err(|e| RpcError::internal(e.message))?;
+        let admission = check_run_limits(state, tenant).await.map_err(limit_error)?;
         let runs = runs_of(events, &task).len();
         let submission = format!("{}-r{}", task.submission, runs + 1);
         let hub = state.hub.subscribe();
@@ -797,6 +794,7 @@ impl KeelA2a {
             .runs_queued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         track(state, tenant, thread.id(), queued.job_id);
+        drop(admission);
         task.expect_runs = runs + 1;
         let mut snapshot = self.snapshot_of(&task, events)?;
         snapshot.history.push(user_message(
@@ -954,4 +952,22 @@ impl A2aBackend for Backend {
             Ok(self.follow(task, now, hub))
         })
     }
+}
+
+/// JSON-RPC code of a refused admission (a per-tenant limit): in the range JSON-RPC
+/// leaves to servers, beside A2A's own -32001 … -32009.
+pub const LIMIT_EXCEEDED: i64 = -32029;
+
+/// A per-tenant limit as a JSON-RPC error: the limit (`concurrent_runs`, `tokens_per_day`)
+/// and when to retry, in an `ErrorInfo` detail (`reason` `RESOURCE_EXHAUSTED`, metadata
+/// `limit` and `retryAfterSeconds`); other failures stay internal errors.
+fn limit_error(error: crate::error::ApiError) -> RpcError {
+    if error.status != axum::http::StatusCode::TOO_MANY_REQUESTS {
+        return RpcError::internal(error.message);
+    }
+    let retry = error.retry_after.unwrap_or(1).to_string();
+    RpcError::new(LIMIT_EXCEEDED, format!("{}: {}", error.code, error.message)).with_reason(
+        "RESOURCE_EXHAUSTED",
+        serde_json::json!({"limit": error.code, "retryAfterSeconds": retry}),
+    )
 }

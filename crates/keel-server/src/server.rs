@@ -118,6 +118,7 @@ impl Server {
             poll: Duration::from_millis(250),
             pending: Mutex::new(Vec::new()),
             openapi: OnceLock::new(),
+            admissions: crate::state::Admissions::default(),
         });
         let jobs = ServerJobs {
             credentials,

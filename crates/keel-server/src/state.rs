@@ -42,6 +42,56 @@ pub struct Shared {
     pub pending: Mutex<Vec<PendingJob>>,
     /// The OpenAPI document (JSON), set when the router is built.
     pub openapi: std::sync::OnceLock<String>,
+    /// Per-tenant locks held from counting a tenant's runs to queueing its new one.
+    pub admissions: Admissions,
+}
+
+/// Makes "count the tenant's runs, then queue one" atomic in this process: one lock per
+/// tenant, held by [`crate::api::chat::check_run_limits`]'s [`RunAdmission`] until the new
+/// job is queued and tracked. Without it a burst of chats all counted the same runs and
+/// were all admitted past `concurrent_runs`. (Several `keel serve` processes over one
+/// Postgres each admit up to the limit: the limit is per process there, as documented.)
+#[derive(Default)]
+pub struct Admissions {
+    locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Admissions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admissions").finish_non_exhaustive()
+    }
+}
+
+impl Admissions {
+    /// Waits for the tenant's admission lock (one entry per tenant that ever started a
+    /// run; tenants are configured or have keys, so the map stays small).
+    pub async fn enter(&self, tenant: &str) -> RunAdmission {
+        let lock = {
+            let mut locks = match self.locks.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            Arc::clone(locks.entry(tenant.to_string()).or_default())
+        };
+        RunAdmission {
+            _guard: Some(lock.lock_owned().await),
+        }
+    }
+}
+
+/// A tenant's admission to start a run: while it lives, no other run of the tenant is
+/// admitted in this process. Keep it until the job is queued and tracked.
+#[must_use = "hold the admission until the new run's job is queued and tracked"]
+#[derive(Debug)]
+pub struct RunAdmission {
+    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl RunAdmission {
+    /// An admission that holds nothing (the tenant has no concurrent-runs limit).
+    pub fn unlimited() -> Self {
+        Self { _guard: None }
+    }
 }
 
 /// A job queued by this process.

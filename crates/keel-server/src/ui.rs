@@ -367,7 +367,7 @@ impl Resumer for QueueResumer {
             name: self.tenant.clone(),
             key_id: String::new(),
         };
-        crate::api::chat::check_run_limits(&self.state, &tenant)
+        let admission = crate::api::chat::check_run_limits(&self.state, &tenant)
             .await
             .map_err(|e| e.message)?;
         let recipe = keel_app::recipe::Recipe {
@@ -385,6 +385,8 @@ impl Resumer for QueueResumer {
             .metrics
             .runs_queued
             .fetch_add(1, Ordering::Relaxed);
+        crate::api::chat::track(&self.state, &tenant, thread.id(), queued.job_id);
+        drop(admission);
         Ok(format!(
             "the next run, with the answer, is queued (job {})",
             queued.job_id

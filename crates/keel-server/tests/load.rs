@@ -31,15 +31,21 @@ use serde_json::{Value, json};
 
 use crate::common::DEADLINE;
 
-/// A run queue that counts [`RunQueue::job`] lookups.
+/// A run queue that counts [`RunQueue::job`] lookups, and whose `enqueue` takes as long as
+/// a round trip to a database server does (a SQLite write here returns before another
+/// request gets a turn, which hid the race between counting runs and queueing one).
 struct CountingQueue {
     inner: Arc<dyn RunQueue>,
     lookups: AtomicUsize,
 }
 
+/// How long [`CountingQueue::enqueue`] waits before writing.
+const ENQUEUE_ROUND_TRIP: Duration = Duration::from_millis(20);
+
 #[async_trait]
 impl RunQueue for CountingQueue {
     async fn enqueue(&self, thread_id: &str, payload: &Value) -> Result<JobId, QueueError> {
+        tokio::time::sleep(ENQUEUE_ROUND_TRIP).await;
         self.inner.enqueue(thread_id, payload).await
     }
     async fn enqueue_continuation(
@@ -187,6 +193,118 @@ async fn at_the_limit_queued_runs_are_counted_exactly() {
     stop.cancel();
 }
 
+/// One admission attempt: the status and the `Retry-After` header (seconds).
+async fn admitted(request: reqwest::RequestBuilder) -> (u16, Option<u64>, String) {
+    let response = tokio::time::timeout(DEADLINE, request.send())
+        .await
+        .unwrap()
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let body = if status == 200
+        && response
+            .headers()
+            .get("content-type")
+            .is_some_and(|c| c.to_str().unwrap_or("").starts_with("text/event-stream"))
+    {
+        String::new()
+    } else {
+        tokio::time::timeout(DEADLINE, response.text())
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    };
+    (status, retry, body)
+}
+
+/// Fifty chats at once against `concurrent_runs = 1` (no worker, so the first run stays
+/// queued): exactly one is admitted, the other 49 get `429 concurrent_runs` with
+/// `Retry-After`. Before, each chat counted the runs and then queued its own, so a burst
+/// all counted zero and all were admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_parallel_chats_against_a_limit_of_one_admit_exactly_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, key, _queue, stop) = server(dir.path(), 1).await;
+    let client = reqwest::Client::new();
+    let attempts = (0..50).map(|n| {
+        admitted(
+            client
+                .post(format!("{base}/v1/chat"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(
+                    json!({"agent": "bot", "message": format!("chat {n}"), "stream": true})
+                        .to_string(),
+                ),
+        )
+    });
+    let results = futures::future::join_all(attempts).await;
+    let accepted = results.iter().filter(|(s, _, _)| *s == 200).count();
+    let limited: Vec<_> = results.iter().filter(|(s, _, _)| *s == 429).collect();
+    assert_eq!(accepted, 1, "{results:?}");
+    assert_eq!(limited.len(), 49, "{results:?}");
+    for (_, retry, body) in limited {
+        assert!(retry.is_some_and(|r| r >= 1), "{body}");
+        assert!(body.contains("concurrent_runs"), "{body}");
+    }
+    stop.cancel();
+}
+
+/// The same burst over A2A (`message/send`, not blocking): one task submitted, 49
+/// refused with a JSON-RPC error that says which limit and when to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_parallel_a2a_sends_against_a_limit_of_one_admit_exactly_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, key, _queue, stop) = server(dir.path(), 1).await;
+    let client = reqwest::Client::new();
+    let attempts = (0..50).map(|n| {
+        let body = json!({"jsonrpc": "2.0", "id": n, "method": "message/send", "params": {
+            "message": {
+                "kind": "message",
+                "role": "user",
+                "messageId": format!("m{n}"),
+                "parts": [{"kind": "text", "text": format!("task {n}")}],
+            },
+            "configuration": {"blocking": false},
+        }});
+        admitted(
+            client
+                .post(format!("{base}/a2a/bot"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(body.to_string()),
+        )
+    });
+    let results = futures::future::join_all(attempts).await;
+    let bodies: Vec<Value> = results
+        .iter()
+        .map(|(_, _, body)| serde_json::from_str(body).unwrap())
+        .collect();
+    let submitted = bodies.iter().filter(|b| b.get("result").is_some()).count();
+    let refused: Vec<&Value> = bodies.iter().filter(|b| b.get("error").is_some()).collect();
+    assert_eq!(submitted, 1, "{bodies:?}");
+    assert_eq!(refused.len(), 49, "{bodies:?}");
+    for error in refused {
+        let text = error.to_string();
+        assert!(text.contains("concurrent_runs"), "{text}");
+        assert_eq!(error["error"]["code"], -32029, "{text}");
+        let detail = &error["error"]["data"][0];
+        assert_eq!(detail["reason"], "RESOURCE_EXHAUSTED", "{text}");
+        assert_eq!(detail["metadata"]["limit"], "concurrent_runs", "{text}");
+        let retry: u64 = detail["metadata"]["retryAfterSeconds"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(retry >= 1, "{text}");
+    }
+    stop.cancel();
+}
+
 /// Under load a chat's run can end before its stream's task first reads the store; the
 /// stream must still send every text delta (they are never stored), before the events
 /// that follow them.
@@ -222,6 +340,7 @@ async fn a_stream_that_reads_its_ended_run_still_sends_every_delta_first() {
         poll: Duration::from_secs(3600),
         pending: Mutex::new(Vec::new()),
         openapi: OnceLock::new(),
+        admissions: keel_server::state::Admissions::default(),
     });
     let store_id = "acme.thr_late";
     // Subscribed before the run, as a chat does; the run is then driven to its end with

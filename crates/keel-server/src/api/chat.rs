@@ -22,7 +22,7 @@ use super::{ApiJson, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
 use crate::follow::{Follow, Settled, Until, event_stream, wait_settled};
 use crate::jobs::{enqueue_new, recipe_for};
-use crate::state::{AppState, PendingJob};
+use crate::state::{AppState, PendingJob, RunAdmission};
 use crate::tenancy::Tenant;
 
 /// A chat request.
@@ -116,7 +116,7 @@ pub async fn chat(
             (client, Thread::with_id(store))
         }
     };
-    check_run_limits(&state, &tenant).await?;
+    let admission = check_run_limits(&state, &tenant).await?;
     // Subscribed before the run is queued: a worker here may start it at once.
     let hub = request
         .stream
@@ -131,6 +131,7 @@ pub async fn chat(
     .map_err(ApiError::internal)?;
     state.metrics.runs_queued.fetch_add(1, Ordering::Relaxed);
     track(&state, &tenant, thread.id(), queued.job_id);
+    drop(admission);
     let header = HeaderValue::from_str(&client_id).ok();
     let mut response = if request.stream {
         event_stream(
@@ -310,16 +311,22 @@ pub(crate) fn track(state: &AppState, tenant: &Tenant, store_id: &str, job_id: k
     });
 }
 
-/// Refuses a new run when the tenant is at its concurrent-runs or tokens-per-day limit.
-pub(crate) async fn check_run_limits(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+/// Refuses a new run when the tenant is at its concurrent-runs or tokens-per-day limit;
+/// otherwise admits it. The admission holds the tenant's lock: keep it until the run's
+/// job is queued and [`track`]ed, so that the next chat counts it.
+pub(crate) async fn check_run_limits(
+    state: &AppState,
+    tenant: &Tenant,
+) -> Result<RunAdmission, ApiError> {
     let limits = state.config.limits_for(&tenant.name);
     if let Err(error) = state.usage.check(&tenant.name, limits.tokens_per_day) {
         state.metrics.limited.fetch_add(1, Ordering::Relaxed);
         return Err(error);
     }
     if limits.concurrent_runs == 0 {
-        return Ok(());
+        return Ok(RunAdmission::unlimited());
     }
+    let admission = state.admissions.enter(&tenant.name).await;
     let active = active_runs(state, tenant, limits.concurrent_runs).await?;
     if active >= limits.concurrent_runs {
         state.metrics.limited.fetch_add(1, Ordering::Relaxed);
@@ -333,7 +340,7 @@ pub(crate) async fn check_run_limits(state: &AppState, tenant: &Tenant) -> Resul
             5,
         ));
     }
-    Ok(())
+    Ok(admission)
 }
 
 /// The tenant's threads with a run in progress in the store, plus the threads of jobs

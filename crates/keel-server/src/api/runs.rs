@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::chat::check_run_limits;
+use super::chat::{check_run_limits, track};
 use super::{ApiJson, run_not_found, tenant_events, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
 use crate::jobs::{enqueue_continue, enqueue_new};
@@ -265,15 +265,17 @@ pub async fn reply(
                     ),
                 )
             })?;
-        check_run_limits(&state, &tenant).await?;
+        let admission = check_run_limits(&state, &tenant).await?;
         let recipe = Recipe {
             submission: None,
             ..recipe
         };
-        enqueue_new(state.queue.as_ref(), &thread, recipe, request.answer)
+        let queued = enqueue_new(state.queue.as_ref(), &thread, recipe, request.answer)
             .await
             .map_err(ApiError::internal)?;
         state.metrics.runs_queued.fetch_add(1, Ordering::Relaxed);
+        track(&state, &tenant, thread.id(), queued.job_id);
+        drop(admission);
     }
     Ok((
         StatusCode::ACCEPTED,
