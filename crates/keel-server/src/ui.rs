@@ -62,6 +62,8 @@ struct Session {
     key_id: String,
     key_sha256: String,
     expires: Instant,
+    /// The session's anti-forgery token, carried by every form of its pages.
+    csrf: keel_ui::CsrfToken,
 }
 
 /// The `/ui` mount: sessions and the tenants' UI routers.
@@ -152,6 +154,7 @@ impl UiMount {
                 key_id,
                 key_sha256,
                 expires: now + SESSION_TTL,
+                csrf: keel_ui::CsrfToken::random(),
             },
         );
         token
@@ -222,6 +225,7 @@ async fn dispatch(State(mount): State<Arc<UiMount>>, request: Request) -> Respon
     // A fresh request for the UI's router: the outer route's path parameters must not
     // reach the UI's extractors.
     parts.extensions = axum::http::Extensions::new();
+    parts.extensions.insert(session.csrf.clone());
     let router = mount.router_for(&session.tenant);
     match router.oneshot(Request::from_parts(parts, body)).await {
         Ok(response) => response,

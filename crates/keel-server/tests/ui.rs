@@ -82,6 +82,16 @@ async fn post_form(h: &Harness, path: &str, session: Option<&str>, form: &str) -
     send(request).await
 }
 
+/// The anti-forgery token the forms of `page` carry.
+fn csrf_of(page: &str) -> String {
+    let marker = "name=\"csrf\" value=\"";
+    let at = page
+        .find(marker)
+        .unwrap_or_else(|| panic!("no csrf field: {page}"));
+    let rest = &page[at + marker.len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
 /// Logs in with `key`; returns the `name=value` of the session cookie.
 async fn login(h: &Harness, key: &str) -> String {
     let answer = post_form(
@@ -360,11 +370,31 @@ async fn approving_from_the_ui_finishes_the_run_on_a_worker() {
     .await;
     assert_eq!(forged.status, 403, "{}", forged.body);
 
+    // Each session's forms carry its own anti-forgery token: a post without it, or with
+    // another session's, is refused (same origin and a valid cookie notwithstanding).
+    let token = csrf_of(&page.body);
+    let other_session = login(&h, &a).await;
+    let other_page = get(&h, &format!("/ui/runs/{ta}"), Some(&other_session)).await;
+    let other_token = csrf_of(&other_page.body);
+    assert_ne!(token, other_token);
+    for form in [
+        format!("call_id={call}"),
+        format!("call_id={call}&csrf={other_token}"),
+    ] {
+        let refused = post_form(&h, &format!("/ui/runs/{ta}/approve"), Some(&session), &form).await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert!(
+            refused.body.contains("anti-forgery token"),
+            "{}",
+            refused.body
+        );
+    }
+
     let approved = post_form(
         &h,
         &format!("/ui/runs/{ta}/approve"),
         Some(&session),
-        &format!("call_id={call}"),
+        &format!("call_id={call}&csrf={token}"),
     )
     .await;
     assert_eq!(approved.status, 303, "{}", approved.body);
@@ -419,7 +449,7 @@ async fn answering_a_question_from_the_ui_starts_the_next_run_on_a_worker() {
         &h,
         &format!("/ui/runs/{thread}/reply"),
         Some(&session),
-        "answer=Paris",
+        &format!("answer=Paris&csrf={}", csrf_of(&page.body)),
     )
     .await;
     assert_eq!(sent.status, 303, "{}", sent.body);

@@ -83,6 +83,13 @@ impl Browser {
     /// with its console log recorded. `KEEL_CHROMIUM` / `KEEL_CHROMEDRIVER` override where
     /// the binaries are.
     pub async fn launch() -> Result<Self, BrowserError> {
+        Self::launch_with_args(&[]).await
+    }
+
+    /// [`Browser::launch`] with more Chromium switches, e.g.
+    /// `--host-resolver-rules=MAP attacker.test 127.0.0.1` to point a made-up name at a
+    /// loopback server (a DNS rebinding, without any DNS).
+    pub async fn launch_with_args(extra: &[String]) -> Result<Self, BrowserError> {
         let chromium = locate("KEEL_CHROMIUM", &["/usr/bin/chromium"])?;
         let chromedriver = locate("KEEL_CHROMEDRIVER", &["/usr/bin/chromedriver"])?;
         static PROFILES: AtomicU32 = AtomicU32::new(0);
@@ -121,9 +128,7 @@ impl Browser {
                     "browserName": "chrome",
                     "goog:chromeOptions": {
                         "binary": chromium,
-                        "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                                 "--disable-dev-shm-usage", "--no-first-run",
-                                 format!("--user-data-dir={}", browser.profile.display())],
+                        "args": chromium_args(&browser.profile, extra),
                     },
                     "goog:loggingPrefs": {"browser": "ALL"},
                 }}})),
@@ -320,4 +325,21 @@ impl Drop for Browser {
         let _ = self.driver.start_kill();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
+}
+
+/// The switches every session runs with, then `extra`.
+fn chromium_args(profile: &Path, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+    ]
+    .iter()
+    .map(|s| (*s).to_string())
+    .collect();
+    args.push(format!("--user-data-dir={}", profile.display()));
+    args.extend(extra.iter().cloned());
+    args
 }

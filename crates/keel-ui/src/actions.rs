@@ -269,8 +269,10 @@ pub(crate) async fn approve(
     State(ui): State<Ui>,
     Path(thread_id): Path<String>,
     headers: HeaderMap,
+    session: Option<axum::Extension<crate::CsrfToken>>,
     body: String,
 ) -> Result<Redirect, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     decide(ui, thread_id, headers, body, true).await
 }
 
@@ -279,8 +281,10 @@ pub(crate) async fn deny(
     State(ui): State<Ui>,
     Path(thread_id): Path<String>,
     headers: HeaderMap,
+    session: Option<axum::Extension<crate::CsrfToken>>,
     body: String,
 ) -> Result<Redirect, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     decide(ui, thread_id, headers, body, false).await
 }
 
@@ -298,6 +302,8 @@ async fn decide(
         .ok_or_else(|| UiError::bad_input("call_id", "missing: which call to decide"))?
         .to_string();
     let events = ui.source.load_raw(&thread_id).await?;
+    // After the thread is found: another tenant's thread is not found either way.
+    ui.check_csrf(field(&fields, "csrf"))?;
     let mut thread = Thread::from_events(&thread_id, events);
     let store = ui.source.store().clone();
     let context = RunContext::new(store.clone());
@@ -354,8 +360,10 @@ pub(crate) async fn reply(
     State(ui): State<Ui>,
     Path(url_id): Path<String>,
     headers: HeaderMap,
+    session: Option<axum::Extension<crate::CsrfToken>>,
     body: String,
 ) -> Result<Redirect, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     same_origin(&headers)?;
     let thread_id = ui.store_id(&url_id);
     let fields = form(&body);
@@ -364,6 +372,8 @@ pub(crate) async fn reply(
         .trim()
         .to_string();
     let events = ui.source.load_raw(&thread_id).await?;
+    // After the thread is found: another tenant's thread is not found either way.
+    ui.check_csrf(field(&fields, "csrf"))?;
     let question = crate::run_page::pending_question(&events)
         .ok_or_else(|| UiError::conflict(format!("run {url_id} is not waiting for an answer")))?;
     let resumer = ui.resumer.clone().ok_or_else(|| {
@@ -427,8 +437,10 @@ pub(crate) async fn fork(
     State(ui): State<Ui>,
     Path(thread_id): Path<String>,
     headers: HeaderMap,
+    session: Option<axum::Extension<crate::CsrfToken>>,
     body: String,
 ) -> Result<Redirect, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     same_origin(&headers)?;
     let thread_id = ui.store_id(&thread_id);
     let fields = form(&body);
@@ -438,6 +450,8 @@ pub(crate) async fn fork(
         .parse()
         .map_err(|_| UiError::bad_input("at_seq", "give a whole number"))?;
     let events = ui.source.load_raw(&thread_id).await?;
+    // After the thread is found: another tenant's thread is not found either way.
+    ui.check_csrf(field(&fields, "csrf"))?;
     if at_seq >= events.len() as u64 {
         return Err(UiError::bad_input(
             "at_seq",

@@ -26,7 +26,9 @@ const RECENT_MESSAGES: usize = 12;
 pub(crate) async fn fragment(
     State(ui): State<Ui>,
     Path((url_id, span_id)): Path<(String, String)>,
+    session: Option<axum::Extension<crate::CsrfToken>>,
 ) -> Result<Response, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     let thread_id = ui.store_id(&url_id);
     let events = ui.source.load(&thread_id).await?;
     let timeline = timeline::build(&events, Utc::now());
@@ -241,6 +243,7 @@ fn chat(ui: &Ui, thread_id: &str, events: &[Event], span: &SpanView, run: Vec<&E
         @if let Some(req) = requested {
             @if req.seq > 0 {
                 form method="post" class="fork" action=(ui.run_href(thread_id, "/fork")) {
+                    input type="hidden" name="csrf" value=(ui.csrf);
                     input type="hidden" name="at_seq" value=(req.seq - 1);
                     button type="submit" class="fork-button" title="Copy the log up to just before this model call into a new thread (continue it with keel resume)" { "Fork before this call" }
                 }

@@ -19,6 +19,7 @@
 mod actions;
 mod assets;
 mod charts;
+pub mod csrf;
 mod dashboard;
 mod detail;
 mod error;
@@ -40,6 +41,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 pub use actions::{AppResumer, ModelHook, Resumer, cross_site_refusal, form};
+pub use csrf::CsrfToken;
 pub use error::UiError;
 pub use host::{AllowedHosts, guard_hosts};
 pub use source::{RunSource, Scope};
@@ -60,6 +62,9 @@ pub struct Ui {
     pub(crate) notes: Arc<Mutex<std::collections::HashMap<String, String>>>,
     /// Saved `keel eval` runs and baselines (the eval pages; none without it).
     pub(crate) evals: Option<Arc<dyn keel_store::EvalResultStore>>,
+    /// The anti-forgery token its forms carry: drawn when the UI is made, replaced per
+    /// request by a mounting server's session token (see [`csrf`]).
+    pub(crate) csrf: Arc<str>,
 }
 
 impl std::fmt::Debug for Ui {
@@ -87,6 +92,32 @@ impl Ui {
             relative_ids: false,
             notes: Arc::default(),
             evals: None,
+            csrf: Arc::from(CsrfToken::random().0),
+        }
+    }
+
+    /// This UI as it answers one request: its forms carry the request's anti-forgery
+    /// token (a mounting server's session token, else the UI's own).
+    pub(crate) fn for_request(&self, session: Option<&CsrfToken>) -> Self {
+        match session {
+            Some(token) if *token.0 != *self.csrf => Self {
+                csrf: Arc::from(token.0.as_str()),
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// Refuses a posted form whose `csrf` field is not this request's token.
+    pub(crate) fn check_csrf(&self, posted: Option<&str>) -> Result<(), error::UiError> {
+        if csrf::matches(posted, &self.csrf) {
+            Ok(())
+        } else {
+            Err(error::UiError::forbidden(
+                "the form's anti-forgery token is missing or stale: reload the page and \
+                 submit again (forms from other sites are refused)"
+                    .to_string(),
+            ))
         }
     }
 

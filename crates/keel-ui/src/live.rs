@@ -32,7 +32,9 @@ pub(crate) async fn stream(
     State(ui): State<Ui>,
     Path(thread_id): Path<String>,
     RawQuery(query): RawQuery,
+    session: Option<axum::Extension<crate::CsrfToken>>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     let mut seen = 0usize;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match key.as_ref() {

@@ -23,7 +23,9 @@ use crate::timeline::{self, Kind, SpanView, Timeline};
 pub(crate) async fn page(
     State(ui): State<Ui>,
     Path(url_id): Path<String>,
+    session: Option<axum::Extension<crate::CsrfToken>>,
 ) -> Result<Response, UiError> {
+    let ui = ui.for_request(session.as_ref().map(|s| &s.0));
     let thread_id = ui.store_id(&url_id);
     let events = ui.source.load(&thread_id).await?;
     let shown = ui.shown_id(&thread_id);
@@ -227,10 +229,12 @@ fn approval_box(ui: &Ui, thread_id: &str, events: &[Event]) -> Markup {
                 (crate::detail::json_block(arguments))
                 @if ui.resumer.is_some() {
                     form method="post" action=(ui.run_href(thread_id, "/approve")) {
+                        input type="hidden" name="csrf" value=(ui.csrf);
                         input type="hidden" name="call_id" value=(call_id);
                         button type="submit" class="primary approve" { "Approve" }
                     }
                     form method="post" action=(ui.run_href(thread_id, "/deny")) {
+                        input type="hidden" name="csrf" value=(ui.csrf);
                         input type="hidden" name="call_id" value=(call_id);
                         input type="text" name="reason" placeholder="reason (shown to the model)";
                         " "
@@ -313,6 +317,7 @@ fn question_box(ui: &Ui, thread_id: &str, events: &[Event]) -> Markup {
             }
             @if ui.resumer.is_some() {
                 form method="post" action=(ui.run_href(thread_id, "/reply")) id="reply-form" {
+                    input type="hidden" name="csrf" value=(ui.csrf);
                     textarea name="answer" id="reply-answer" rows="3" required placeholder="your answer (sent to the agent as the user's reply)" {}
                     br;
                     button type="submit" class="primary reply" id="reply-send" { "Send answer" }

@@ -519,3 +519,112 @@ async fn eval_pages_and_the_reply_form_in_headless_chromium() {
     assert_no_errors(&browser, "answered run").await;
     browser.close().await;
 }
+
+/// The page a hostile site serves: it tries to read the runs list from the `keel ui` on
+/// `target` (a cross-origin fetch) and to approve the paused call there (a form posted
+/// into a hidden frame), and writes what happened into `window.__probe`.
+fn attacker_page(target: &str, paused: &str, call_id: &str) -> String {
+    format!(
+        r#"<!doctype html><html><body>
+<iframe name="sink" id="sink"></iframe>
+<form id="forged" method="post" target="sink" action="{target}/runs/{paused}/approve">
+  <input type="hidden" name="call_id" value="{call_id}">
+</form>
+<script>
+window.__probe = {{}};
+fetch("{target}/runs").then(r => r.text())
+  .then(t => {{ window.__probe.read = t; }})
+  .catch(e => {{ window.__probe.read_error = String(e); }});
+document.getElementById("sink").addEventListener("load", () => {{ window.__probe.posted = true; }});
+document.getElementById("forged").submit();
+</script></body></html>"#
+    )
+}
+
+/// DNS rebinding and cross-site forms against `keel ui` in headless Chromium. Chromium
+/// resolves `attacker.test` to 127.0.0.1 (`--host-resolver-rules`): a page loaded from
+/// `http://attacker.test:<ui port>/` is exactly what a rebound page is — same origin as
+/// far as the browser knows — and the UI answers it `421` with none of its data. A page
+/// on another origin cannot read the runs list (no CORS) and its form post to approve
+/// the paused call is refused (cross-site, and without the anti-forgery token): the call
+/// is still waiting afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebound_or_cross_site_page_cannot_read_or_approve_in_headless_chromium() {
+    let f = Fixture::new(false).await;
+    let port = f.base.rsplit(':').next().unwrap().to_string();
+    let paused = f.threads.paused.clone();
+    let call_id = f.threads.paused_call.clone();
+
+    // The hostile site, on its own loopback port.
+    let page = attacker_page(&f.base, &paused, &call_id);
+    let site = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let page = page.clone();
+            async move { axum::response::Html(page) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let site_port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, site).await });
+
+    let browser = Browser::launch_with_args(&[
+        "--host-resolver-rules=MAP attacker.test 127.0.0.1".to_string()
+    ])
+    .await
+    .unwrap();
+
+    // Rebinding: the attacker's name now points at the UI.
+    browser
+        .open(&format!("http://attacker.test:{port}/runs"))
+        .await
+        .unwrap();
+    let text = wait_for(
+        &browser,
+        "the rebound page to load",
+        "return document.body && document.body.innerText;",
+    )
+    .await;
+    let text = text.as_str().unwrap().to_string();
+    assert!(text.contains("misdirected_host"), "{text}");
+    assert!(!text.contains(&paused), "{text}");
+    let status = browser
+        .execute(
+            "return fetch('/runs').then(r => r.status + ' ' + r.headers.get('content-type'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(status.as_str().unwrap().starts_with("421"), "{status}");
+
+    // Another origin: cannot read, cannot approve.
+    browser
+        .open(&format!("http://attacker.test:{site_port}/"))
+        .await
+        .unwrap();
+    let probe = wait_for(
+        &browser,
+        "the forged post to be answered and the read to settle",
+        "const p = window.__probe; return p && p.posted && (p.read !== undefined || p.read_error) ? p : null;",
+    )
+    .await;
+    assert!(
+        probe.get("read").is_none(),
+        "the page read the runs list: {probe}"
+    );
+    browser.close().await;
+
+    // The form post was answered before the frame loaded: had it been accepted, the
+    // decision would be in the log by now.
+    let events = f.store.load(&paused).await.unwrap();
+    assert!(
+        !events.iter().any(|e| matches!(
+            e.kind,
+            keel_core::EventKind::ApprovalGranted { .. }
+                | keel_core::EventKind::ApprovalDenied { .. }
+        )),
+        "a cross-site page approved the call: {events:#?}"
+    );
+    let (_, page) = get(&f.url(&format!("/runs/{paused}"))).await;
+    assert!(page.contains("waits for approval"), "{page}");
+}

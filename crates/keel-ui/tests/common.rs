@@ -219,10 +219,14 @@ impl Fixture {
         let ui = Ui::new(RunSource::new(store.clone(), Redactor::default()))
             .with_resumer(Arc::new(resumer));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let local = listener.local_addr().unwrap();
+        let base = format!("http://{local}");
+        // As `keel ui` serves it: only its own Host values are answered (DNS rebinding).
+        let hosts =
+            keel_ui::AllowedHosts::for_server(&keel_config::ServerConfig::default(), &[local]);
         tokio::spawn(keel_ui::serve(
             listener,
-            keel_ui::router(ui),
+            keel_ui::guard_hosts(keel_ui::router(ui), hosts),
             std::future::pending(),
         ));
         Fixture {
@@ -278,4 +282,13 @@ pub async fn get(url: &str) -> (u16, String) {
     let response = reqwest::get(url).await.unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
+}
+
+/// The anti-forgery token the forms of `page` carry (`name="csrf"`).
+pub fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no csrf field in the page: {page}"));
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
 }

@@ -598,22 +598,47 @@ async fn answering_the_question_from_the_page() {
         "{question}"
     );
 
-    // Refused: another site, an empty answer, a thread not waiting.
+    // Refused: another site, no anti-forgery token, an empty answer, a thread not waiting.
+    let token = crate::common::csrf_of(&html);
     let url = f.url(&format!("/runs/{asked}/reply"));
     assert_eq!(
-        post(&url, "answer=Paris", "http://evil.example")
+        post(&url, "answer=Paris", &f.base).await.status().as_u16(),
+        403
+    );
+    assert_eq!(
+        post(
+            &url,
+            &format!("answer=Paris&csrf={token}"),
+            "http://evil.example"
+        )
+        .await
+        .status()
+        .as_u16(),
+        403
+    );
+    assert_eq!(
+        post(&url, &format!("answer=+&csrf={token}"), &f.base)
             .await
             .status()
             .as_u16(),
-        403
+        400
     );
-    assert_eq!(post(&url, "answer=+", &f.base).await.status().as_u16(), 400);
     let done = EvalFixture::threads(&f.current_report).remove(0);
-    let conflict = post(&f.url(&format!("/runs/{done}/reply")), "answer=x", &f.base).await;
+    let conflict = post(
+        &f.url(&format!("/runs/{done}/reply")),
+        &format!("answer=x&csrf={token}"),
+        &f.base,
+    )
+    .await;
     assert_eq!(conflict.status().as_u16(), 409);
 
     // The answer starts the thread's next run, with the answer as its message.
-    let sent = post(&url, "answer=Paris%2C+France", &f.base).await;
+    let sent = post(
+        &url,
+        &format!("answer=Paris%2C+France&csrf={token}"),
+        &f.base,
+    )
+    .await;
     assert_eq!(sent.status().as_u16(), 303);
     let events = wait_for_end(&f, &asked, 2).await;
     let answers: Vec<String> = events
@@ -647,7 +672,7 @@ async fn answering_the_question_from_the_page() {
     assert!(question.contains("data-in-run=\"true\""), "{question}");
     let sent = post(
         &f.url(&format!("/runs/{waiting}/reply")),
-        "answer=Lyon",
+        &format!("answer=Lyon&csrf={token}"),
         &f.base,
     )
     .await;

@@ -164,11 +164,14 @@ async fn forks_copy_the_log_and_cross_site_posts_are_refused() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
+    // Every form carries the UI's anti-forgery token (the paused run's page shows forms).
+    let (_, paused_page) = get(&f.url(&format!("/runs/{}", f.threads.paused))).await;
+    let token = crate::common::csrf_of(&paused_page);
     let post = |path: String, body: &'static str, origin: Option<String>| {
         let mut request = client
             .post(f.url(&path))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(body);
+            .body(format!("{body}&csrf={token}"));
         if let Some(origin) = origin {
             request = request.header("origin", origin);
         }
@@ -183,6 +186,23 @@ async fn forks_copy_the_log_and_cross_site_posts_are_refused() {
     .await
     .unwrap();
     assert_eq!(refused.status().as_u16(), 403);
+    // Same origin but without the token (or with another one): refused as well.
+    for body in [
+        "at_seq=2".to_string(),
+        format!("at_seq=2&csrf={}", "0".repeat(64)),
+    ] {
+        let forged = client
+            .post(f.url(&format!("/runs/{done}/fork")))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("origin", f.base.clone())
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status().as_u16(), 403);
+        let text = forged.text().await.unwrap();
+        assert!(text.contains("anti-forgery token"), "{text}");
+    }
     let bad = post(format!("/runs/{done}/fork"), "at_seq=x", None)
         .await
         .unwrap();
