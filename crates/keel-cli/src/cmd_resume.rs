@@ -56,7 +56,7 @@ pub struct DecideArgs {
     /// Why (deny only; shown to the model).
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
-    /// Who decided (approve only; recorded in the log).
+    /// Who decided (recorded in the log with the approval or denial).
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
     /// Only record the decision; do not continue the run.
@@ -152,7 +152,9 @@ async fn decide_claimed(
         thread.approve(&context, &args.call_id, by).await
     } else {
         let reason = args.reason.clone();
-        thread.deny(&context, &args.call_id, reason).await
+        thread
+            .deny_by(&context, &args.call_id, reason, args.by.clone())
+            .await
     };
     recorded.map_err(human_error)?;
     let decision = if approve { "approved" } else { "denied" };

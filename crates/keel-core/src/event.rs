@@ -228,6 +228,9 @@ pub enum EventKind {
         /// Why.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// Who denied (as the server authenticated them, e.g. `key:<key id>`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// The agent asked the user a question and waits for the answer.
     UserAsked {

@@ -419,7 +419,9 @@ impl RunState {
                     pending.approval = Some(true);
                 }
             }
-            EventKind::ApprovalDenied { call_id, reason } => {
+            EventKind::ApprovalDenied {
+                call_id, reason, ..
+            } => {
                 if let Some(pending) = self.pending_mut(call_id) {
                     pending.approval = Some(false);
                     pending.denial_reason.clone_from(reason);

@@ -225,6 +225,7 @@ fn drive(responses: &[Response], max_turns: u32, noise: &Noise) -> (EndState, u3
                     sim.push(EventKind::ApprovalDenied {
                         call_id,
                         reason: Some("no".into()),
+                        by: None,
                     });
                 } else {
                     sim.push(EventKind::ApprovalGranted { call_id, by: None });

@@ -219,6 +219,17 @@ impl Thread {
         call_id: &str,
         reason: Option<String>,
     ) -> Result<(), HumanInputError> {
+        self.deny_by(ctx, call_id, reason, None).await
+    }
+
+    /// [`Thread::deny`] recording who denied (`by`, e.g. `key:<key id>`).
+    pub async fn deny_by(
+        &mut self,
+        ctx: &RunContext,
+        call_id: &str,
+        reason: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), HumanInputError> {
         self.reload_if_diverged(ctx.store.as_ref())
             .await
             .map_err(RunError::from)?;
@@ -226,6 +237,7 @@ impl Thread {
         let kind = EventKind::ApprovalDenied {
             call_id: call_id.to_string(),
             reason,
+            by,
         };
         self.append_to_run(ctx, kind).await
     }

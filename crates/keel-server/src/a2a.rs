@@ -711,8 +711,9 @@ impl KeelA2a {
                         .await
                         .map_err(human)?;
                 } else {
+                    let by = Some(format!("key:{}", tenant.key_id));
                     thread
-                        .deny(&context, &call_id, reason)
+                        .deny_by(&context, &call_id, reason, by)
                         .await
                         .map_err(human)?;
                 }

@@ -226,6 +226,9 @@ async fn dispatch(State(mount): State<Arc<UiMount>>, request: Request) -> Respon
     // reach the UI's extractors.
     parts.extensions = axum::http::Extensions::new();
     parts.extensions.insert(session.csrf.clone());
+    parts
+        .extensions
+        .insert(keel_ui::DecidedBy(format!("ui:{}", session.key_id)));
     let router = mount.router_for(&session.tenant);
     match router.oneshot(Request::from_parts(parts, body)).await {
         Ok(response) => response,

@@ -240,6 +240,53 @@ async fn approval_over_http_continues_on_a_worker(backend: Backend) {
     h.stop().await;
 }
 
+/// The log records a decision as the key that made it: a client may add a name, never
+/// pose as another key (before, `by` replaced the identity and a denial recorded none).
+async fn a_decision_is_recorded_as_the_key_that_made_it(backend: Backend) {
+    let script = json!({"turns": [
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "2+3"}}]},
+        {"text": "Denied, then."},
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "4+4"}}]},
+        {"text": "It is 8."}
+    ]});
+    let h = Harness::start(backend, script, "").await;
+    let key = h.key("alpha").await;
+    for (decision, kind) in [("deny", "approval_denied"), ("approve", "approval_granted")] {
+        let (status, _, paused) = h
+            .send(
+                "POST",
+                "/v1/chat",
+                &key,
+                Some(json!({"agent": "bot", "message": "add"})),
+            )
+            .await;
+        assert_eq!(status, 200, "{paused}");
+        assert_eq!(paused["status"], "awaiting_approval", "{paused}");
+        let thread = paused["thread_id"].as_str().unwrap().to_string();
+        let run = paused["run_id"].as_str().unwrap().to_string();
+        let call = paused["awaiting"]["call_id"].as_str().unwrap().to_string();
+        let (status, _, body) = h
+            .send(
+                "POST",
+                &format!("/v1/threads/{thread}/approvals/{call}"),
+                &key,
+                Some(json!({"decision": decision, "by": "key:root\u{0007}", "reason": "no"})),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        h.wait_run(&key, &thread, &run).await;
+        let events = h.events(&key, &thread).await;
+        let recorded = events.iter().find(|e| e["type"] == kind).unwrap();
+        let by = recorded["by"].as_str().unwrap();
+        assert!(
+            by.starts_with("key:") && !by.starts_with("key:root"),
+            "{recorded}"
+        );
+        assert!(by.ends_with(" for key:root"), "{recorded}");
+    }
+    h.stop().await;
+}
+
 async fn cancel_and_the_concurrent_runs_limit(backend: Backend) {
     let script = json!({"turns": [
         {"tool_calls": [{"name": "delay", "arguments": {"ms": 120000}}]},
@@ -313,4 +360,5 @@ crate::on_both_stores!(
     sse_reconnect_yields_exactly_the_missing_events,
     approval_over_http_continues_on_a_worker,
     cancel_and_the_concurrent_runs_limit,
+    a_decision_is_recorded_as_the_key_that_made_it,
 );

@@ -403,6 +403,16 @@ async fn approving_from_the_ui_finishes_the_run_on_a_worker() {
     let ended = h.wait_run(&a, &ta, &run).await;
     assert_eq!(ended["end_state"], "done", "{ended}");
     assert_eq!(ended["final_text"], "42", "{ended}");
+    // Recorded as the session's key, from the UI.
+    let events = h.events(&a, &ta).await;
+    let granted = events
+        .iter()
+        .find(|e| e["type"] == "approval_granted")
+        .unwrap();
+    assert!(
+        granted["by"].as_str().unwrap().starts_with("ui:"),
+        "{granted}"
+    );
     // The chat's job and the continuation's: the run went on on a worker.
     h.wait_jobs_done(2).await;
 

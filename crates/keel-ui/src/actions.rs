@@ -270,10 +270,12 @@ pub(crate) async fn approve(
     Path(thread_id): Path<String>,
     headers: HeaderMap,
     session: Option<axum::Extension<crate::CsrfToken>>,
+    by: Option<axum::Extension<crate::DecidedBy>>,
     body: String,
 ) -> Result<Redirect, UiError> {
     let ui = ui.for_request(session.as_ref().map(|s| &s.0));
-    decide(ui, thread_id, headers, body, true).await
+    let by = by.map_or_else(|| "keel ui".to_string(), |b| b.0.0);
+    decide(ui, thread_id, headers, body, true, by).await
 }
 
 /// `POST /runs/{thread}/deny` (`call_id`, optional `reason`).
@@ -282,10 +284,12 @@ pub(crate) async fn deny(
     Path(thread_id): Path<String>,
     headers: HeaderMap,
     session: Option<axum::Extension<crate::CsrfToken>>,
+    by: Option<axum::Extension<crate::DecidedBy>>,
     body: String,
 ) -> Result<Redirect, UiError> {
     let ui = ui.for_request(session.as_ref().map(|s| &s.0));
-    decide(ui, thread_id, headers, body, false).await
+    let by = by.map_or_else(|| "keel ui".to_string(), |b| b.0.0);
+    decide(ui, thread_id, headers, body, false, by).await
 }
 
 async fn decide(
@@ -294,6 +298,7 @@ async fn decide(
     headers: HeaderMap,
     body: String,
     approve: bool,
+    by: String,
 ) -> Result<Redirect, UiError> {
     same_origin(&headers)?;
     let thread_id = ui.store_id(&thread_id);
@@ -308,12 +313,10 @@ async fn decide(
     let store = ui.source.store().clone();
     let context = RunContext::new(store.clone());
     let recorded = if approve {
-        thread
-            .approve(&context, &call_id, Some("keel ui".to_string()))
-            .await
+        thread.approve(&context, &call_id, Some(by)).await
     } else {
         let reason = field(&fields, "reason").map(str::to_string);
-        thread.deny(&context, &call_id, reason).await
+        thread.deny_by(&context, &call_id, reason, Some(by)).await
     };
     recorded.map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))?;
     let decision = if approve { "approved" } else { "denied" };

@@ -22,6 +22,12 @@ impl CsrfToken {
     }
 }
 
+/// Who an approval or denial from a request's page is recorded as: an extension a
+/// mounting server inserts per session (`keel serve`: `ui:<key id>`); without one,
+/// `keel ui`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecidedBy(pub String);
+
 /// Whether a posted `csrf` field matches `expected` (constant time in the length of
 /// `expected`; an empty expectation never matches).
 pub(crate) fn matches(posted: Option<&str>, expected: &str) -> bool {

@@ -41,7 +41,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 pub use actions::{AppResumer, ModelHook, Resumer, cross_site_refusal, form};
-pub use csrf::CsrfToken;
+pub use csrf::{CsrfToken, DecidedBy};
 pub use error::UiError;
 pub use host::{AllowedHosts, guard_hosts};
 pub use source::{RunSource, Scope};

@@ -356,7 +356,9 @@ impl Cassette {
                         reason: None,
                     });
                 }
-                EventKind::ApprovalDenied { call_id, reason } => {
+                EventKind::ApprovalDenied {
+                    call_id, reason, ..
+                } => {
                     cassette.approvals.push(RecordedApproval {
                         call_id: call_id.clone(),
                         tool: tools_by_call.get(call_id).cloned().unwrap_or_default(),

@@ -699,6 +699,7 @@ pub(super) async fn await_approval(
                 .append(EventKind::ApprovalDenied {
                     call_id: call.id,
                     reason,
+                    by: None,
                 })
                 .await?;
             Ok(None)

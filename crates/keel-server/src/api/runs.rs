@@ -139,9 +139,29 @@ pub struct DecisionRequest {
     /// Why (deny; shown to the model).
     #[serde(default)]
     pub reason: Option<String>,
-    /// Who decided (approve; recorded). Default: `key:<key id>`.
+    /// A name for who decided, recorded after the key that made the request: the
+    /// decision is recorded as `key:<key id>` (the authenticated identity, which a
+    /// client cannot choose), or `key:<key id> for <by>` (at most 200 characters of
+    /// `by`, control characters removed).
     #[serde(default)]
     pub by: Option<String>,
+}
+
+/// Who a decision is recorded as: the key that made the request, then the name the
+/// client gave, if any (a client names itself; it cannot be another key).
+pub(crate) fn decided_by(key_id: &str, by: Option<&str>) -> String {
+    let named: String = by
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    let named = named.trim();
+    if named.is_empty() {
+        format!("key:{key_id}")
+    } else {
+        format!("key:{key_id} for {named}")
+    }
 }
 
 /// Approves or denies a call the run awaits; the run continues on a worker.
@@ -184,15 +204,12 @@ pub async fn decide(
         .map(|r| r.run_id.clone())
         .unwrap_or_default();
     let context = RunContext::new(state.events.clone());
+    let by = Some(decided_by(&tenant.key_id, request.by.as_deref()));
     let recorded = if approve {
-        let by = request
-            .by
-            .clone()
-            .or_else(|| Some(format!("key:{}", tenant.key_id)));
         thread.approve(&context, &call_id, by).await
     } else {
         thread
-            .deny(&context, &call_id, request.reason.clone())
+            .deny_by(&context, &call_id, request.reason.clone(), by)
             .await
     };
     recorded.map_err(|e| human_error(e, thread.id(), &thread_id))?;

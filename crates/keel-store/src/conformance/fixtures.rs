@@ -112,6 +112,7 @@ pub fn rich_log(thread: &str) -> Vec<Event> {
         EventKind::ApprovalDenied {
             call_id: call.id.clone(),
             reason: Some("not today".into()),
+            by: Some("key:k1".into()),
         },
         EventKind::ModelFailed {
             turn: 2,
