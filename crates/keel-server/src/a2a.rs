@@ -58,8 +58,8 @@ use crate::state::AppState;
 use crate::tenancy::Tenant;
 use keel_app::recipe::Recipe;
 
-/// Tasks queued here and not yet seen started, remembered (at most this many) so a
-/// `GetTask` right after a non-blocking send answers `submitted`.
+/// Tasks queued here and not yet seen started, remembered (at most this many per tenant)
+/// so a `GetTask` right after a non-blocking send answers `submitted`.
 const QUEUED_MEMORY: usize = 1024;
 
 /// The A2A routes of `keel serve`: `/.well-known/agent-card.json`,
@@ -119,12 +119,28 @@ fn offered_agents(state: &AppState) -> Vec<String> {
 pub struct KeelA2a {
     state: AppState,
     /// Tasks queued here, not yet seen started: (task id, the user's message).
-    queued: Mutex<Vec<(String, Message)>>,
+    queued: Mutex<Vec<QueuedTask>>,
 }
 
 impl std::fmt::Debug for KeelA2a {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeelA2a").finish_non_exhaustive()
+    }
+}
+
+/// A task queued here, not yet seen started: found only by its own tenant (task ids
+/// are the tenant's context ids, which another tenant may use too).
+#[derive(Debug, Clone)]
+struct QueuedTask {
+    tenant: String,
+    store_id: String,
+    task_id: String,
+    message: Message,
+}
+
+impl QueuedTask {
+    fn is(&self, task: &TaskRef) -> bool {
+        self.task_id == task.id && self.store_id == task.store_id
     }
 }
 
@@ -447,19 +463,40 @@ fn decision_of(message: &Message) -> Result<(bool, Option<String>), RpcError> {
 }
 
 impl KeelA2a {
-    fn queued(&self) -> std::sync::MutexGuard<'_, Vec<(String, Message)>> {
+    fn queued(&self) -> std::sync::MutexGuard<'_, Vec<QueuedTask>> {
         match self.queued.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
     }
 
-    fn remember(&self, task_id: &str, message: Message) {
+    /// Remembers a task this process queued (each tenant's oldest is forgotten first,
+    /// so one tenant's flood cannot push out another's).
+    fn remember(&self, task: &TaskRef, message: Message) {
+        let tenant = crate::tenancy::tenant_of(&task.store_id)
+            .unwrap_or_default()
+            .to_string();
         let mut queued = self.queued();
-        if queued.len() >= QUEUED_MEMORY {
-            queued.remove(0);
+        let theirs = queued.iter().filter(|q| q.tenant == tenant).count();
+        if theirs >= QUEUED_MEMORY
+            && let Some(oldest) = queued.iter().position(|q| q.tenant == tenant)
+        {
+            queued.remove(oldest);
         }
-        queued.push((task_id.to_string(), message));
+        queued.push(QueuedTask {
+            tenant,
+            store_id: task.store_id.clone(),
+            task_id: task.id.clone(),
+            message,
+        });
+    }
+
+    /// The message of a task queued here, if `task` (as its tenant names it) is one.
+    fn queued_message(&self, task: &TaskRef) -> Option<Message> {
+        self.queued()
+            .iter()
+            .find(|q| q.is(task))
+            .map(|q| q.message.clone())
     }
 
     /// The task now (`submitted` while queued here and not started).
@@ -476,7 +513,7 @@ impl KeelA2a {
     fn snapshot_of(&self, task: &TaskRef, events: &[Event]) -> Result<Task, RpcError> {
         let runs = runs_of(events, task);
         if let Some(run_id) = runs.last() {
-            self.queued().retain(|(id, _)| *id != task.id);
+            self.queued().retain(|q| !q.is(task));
             let chain = chain_events(events, &runs);
             let mut now = task_of_run(task, run_id, &chain, &run_events(events, run_id));
             if runs.len() < task.expect_runs {
@@ -487,10 +524,7 @@ impl KeelA2a {
             return Ok(now);
         }
         let message = self
-            .queued()
-            .iter()
-            .find(|(id, _)| *id == task.id)
-            .map(|(_, m)| m.clone())
+            .queued_message(task)
             .ok_or_else(|| RpcError::task_not_found(&task.id))?;
         Ok(Task {
             id: task.id.clone(),
@@ -647,7 +681,7 @@ impl KeelA2a {
         };
         message.task_id = Some(task.id.clone());
         message.context_id = Some(client_id);
-        self.remember(&task.id, message.clone());
+        self.remember(&task, message.clone());
         let snapshot = Task {
             id: task.id.clone(),
             context_id: task.client_id.clone(),
@@ -686,7 +720,7 @@ impl KeelA2a {
                 })?,
             };
         let run_id = run_of(&events, &task).ok_or_else(|| {
-            if !self.queued().iter().any(|(id, _)| *id == task.id) {
+            if self.queued_message(&task).is_none() {
                 RpcError::task_not_found(task_id)
             } else {
                 RpcError::unsupported(format!(

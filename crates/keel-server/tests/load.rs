@@ -3,6 +3,8 @@
 //! - the concurrent-runs check looked every remembered job up in the queue on every chat,
 //!   so a burst of N chats cost N² queue reads. Under the limit it now reads no job; at the
 //!   limit it still counts queued runs exactly.
+//! - a burst of chats (or A2A sends) all counted the same runs and were all admitted past
+//!   `concurrent_runs`; a task queued by one tenant could be read by another by its id.
 //! - a stream whose task read the store after its run had ended (a stream that fell
 //!   behind, or started late, under load) ended with the run and dropped the text deltas
 //!   still waiting for it. (The hub's per-thread channels, the other half of the lost
@@ -96,6 +98,21 @@ async fn server(
     dir: &std::path::Path,
     limit: u64,
 ) -> (String, String, Arc<CountingQueue>, CancellationToken) {
+    let (base, key, _rival, queue, stop) = server_with_rival(dir, limit).await;
+    (base, key, queue, stop)
+}
+
+/// [`server`], also returning a key of another tenant (`rival`).
+async fn server_with_rival(
+    dir: &std::path::Path,
+    limit: u64,
+) -> (
+    String,
+    String,
+    String,
+    Arc<CountingQueue>,
+    CancellationToken,
+) {
     let url = format!("sqlite://{}", dir.join("keel.db").display());
     let opened = keel_store::open(&url).await.unwrap();
     let queue = Arc::new(CountingQueue {
@@ -131,8 +148,67 @@ concurrent_runs = {limit}
         .await
         .unwrap()
         .key;
+    let rival = keys::create(store.serving.as_ref(), "rival", None)
+        .await
+        .unwrap()
+        .key;
     let (base, stop, _task) = crate::common::serve_on_loopback(server).await;
-    (base, key, queue, stop)
+    (base, key, rival, queue, stop)
+}
+
+/// JSON-RPC `method` to `/a2a/bot` with `key`.
+async fn a2a(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    method: &str,
+    params: Value,
+) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let response = tokio::time::timeout(
+        DEADLINE,
+        client
+            .post(format!("{base}/a2a/bot"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    response.json().await.unwrap()
+}
+
+/// A task queued by one tenant (not started: no worker) is not another tenant's to read,
+/// even by its exact id: the map of queued tasks answered any tenant that named it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_a2a_task_is_not_found_by_another_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, key, rival, _queue, stop) = server_with_rival(dir.path(), 100).await;
+    let client = reqwest::Client::new();
+    let sent = a2a(
+        &client,
+        &base,
+        &key,
+        "message/send",
+        json!({
+            "message": {"kind": "message", "role": "user", "messageId": "m1",
+                        "parts": [{"kind": "text", "text": "the secret plan"}]},
+            "configuration": {"blocking": false},
+        }),
+    )
+    .await;
+    let task_id = sent["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sent}"))
+        .to_string();
+    let own = a2a(&client, &base, &key, "tasks/get", json!({"id": task_id})).await;
+    assert_eq!(own["result"]["status"]["state"], "submitted", "{own}");
+    let other = a2a(&client, &base, &rival, "tasks/get", json!({"id": task_id})).await;
+    assert!(other.get("result").is_none(), "{other}");
+    assert!(!other.to_string().contains("secret plan"), "{other}");
+    stop.cancel();
 }
 
 /// Starts a streaming chat and returns its status once the headers arrive (the run is
