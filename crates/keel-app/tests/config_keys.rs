@@ -174,6 +174,8 @@ const KEYS: &[(&str, Check)] = &[
     ("server.bind", server_bind),
     ("server.public_url", server_public_url),
     ("server.allowed_hosts", server_allowed_hosts),
+    ("server.operators", server_operators),
+    ("local.allowed_sha256", local_allowed_sha256),
     ("server.workers", server_workers),
     ("server.max_body_bytes", server_max_body_bytes),
     ("server.request_timeout_ms", server_request_timeout),
@@ -2360,6 +2362,30 @@ fn server_allowed_hosts() {
         server_problem("allowed_hosts = [\"https://a.example/\"]")
             .starts_with("server.allowed_hosts")
     );
+}
+
+fn server_operators() {
+    assert!(server("").operators.is_empty());
+    assert_eq!(
+        server("operators = [\"ops\"]").operators,
+        vec!["ops".to_string()]
+    );
+}
+
+/// The allowed list reaches the loaded model's options: a file not listed is refused
+/// before it is parsed (so a file that is not even a model says so).
+fn local_allowed_sha256() {
+    assert!(config("").local.allowed_sha256.is_empty());
+    let listed = config("[local]\nallowed_sha256 = [\"ab\"]");
+    assert_eq!(listed.local.allowed_sha256, vec!["ab".to_string()]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("m.gguf");
+    std::fs::write(&file, b"GGUF not really").unwrap();
+    let spec = format!("local:{}", file.display());
+    let Err(error) = keel_app::model::build_model(&listed, &spec, None, &|_| None) else {
+        panic!("a file outside allowed_sha256 loaded");
+    };
+    assert!(error.to_string().contains("allowed_sha256"), "{error}");
 }
 
 fn server_workers() {

@@ -66,6 +66,12 @@ pub struct ServerConfig {
     /// one, `"*"` any Host at all (turns off the DNS-rebinding check).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
+    /// Tenants whose keys may read `/metrics`: its figures are the whole server's (every
+    /// tenant's traffic, the queue, the runs), so no tenant's key reads them unless its
+    /// tenant is listed here (e.g. `operators = ["ops"]` and `keel keys create --tenant
+    /// ops` for the scraper). Empty (the default): `/metrics` answers `403`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<String>,
     /// `[server.limits]`: every tenant's limits.
     pub limits: TenantLimits,
     /// `[server.tenants.<tenant>]`: one tenant's limits over `[server.limits]`, and its
@@ -89,6 +95,7 @@ impl Default for ServerConfig {
             agents: Vec::new(),
             public_url: None,
             allowed_hosts: Vec::new(),
+            operators: Vec::new(),
             limits: TenantLimits::default(),
             tenants: BTreeMap::new(),
         }

@@ -16,9 +16,15 @@ async fn system_routes_and_the_openapi_document() {
     assert_eq!((status, body), (200, json!({"status": "ready"})));
     let (status, _, _) = h.send("GET", "/metrics", "", None).await;
     assert_eq!(status, 401, "metrics need a key");
+    // The figures are every tenant's: a tenant's key is refused, an operator's reads them.
+    let (status, _, body) = h.send("GET", "/metrics", &key, None).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "operator_only", "{body}");
+    assert!(body.to_string().contains("[server] operators"), "{body}");
+    let ops = h.key("ops").await;
     h.send("GET", "/v1/threads", &key, None).await;
     let text = h
-        .request("GET", "/metrics", &key)
+        .request("GET", "/metrics", &ops)
         .send()
         .await
         .unwrap()

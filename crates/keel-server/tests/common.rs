@@ -73,6 +73,7 @@ calculator = "ask"
 [server]
 workers = {workers}
 request_timeout_ms = 60000
+operators = ["ops"]
 {extra}
 "#
     )

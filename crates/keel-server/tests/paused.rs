@@ -243,8 +243,9 @@ async fn a_job_is_shown_cancelled_while_queued_and_shows_its_last_error(backend:
             .contains("store unreachable"),
         "{view}"
     );
+    let ops = h.key("ops").await;
     let metrics = h
-        .request("GET", "/metrics", &key)
+        .request("GET", "/metrics", &ops)
         .send()
         .await
         .unwrap()

@@ -71,7 +71,13 @@ async fn tenant_b_gets_404_for_everything_of_tenant_a(backend: Backend) {
                         let (_, _, list) = h.send("GET", &path, &a, None).await;
                         assert_eq!(list["threads"][0]["thread_id"], thread.as_str());
                     }
-                    "/healthz" | "/readyz" | "/metrics" => {
+                    "/metrics" => {
+                        // Every tenant's figures: no tenant's key reads them.
+                        let (status, _, answer) = h.send(&method, &path, &b, None).await;
+                        assert_eq!(status, 403, "{answer}");
+                        assert_eq!(answer["error"]["code"], "operator_only");
+                    }
+                    "/healthz" | "/readyz" => {
                         let response = h.request(&method, &path, &b).send().await.unwrap();
                         assert_eq!(response.status().as_u16(), 200, "{template}");
                         let text = response.text().await.unwrap();

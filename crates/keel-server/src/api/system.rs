@@ -54,9 +54,29 @@ pub async fn readyz(
     path = "/metrics",
     tag = "system",
     security(("bearer" = [])),
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain"))
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain"),
+        (status = 401, description = "No or an unknown key", body = ErrorBody),
+        (status = 403, description = "`operator_only`: the key's tenant is not in `[server] operators` (the figures are every tenant's)", body = ErrorBody),
+    )
 )]
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub async fn metrics(
+    State(state): State<AppState>,
+    axum::Extension(tenant): axum::Extension<crate::tenancy::Tenant>,
+) -> Response {
+    if !state.config.operators.contains(&tenant.name) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "operator_only",
+            format!(
+                "/metrics shows every tenant's traffic: only keys of the tenants in keel.toml \
+                 [server] operators may read it (tenant {} is not one; add it, or scrape \
+                 with a key of an operator tenant)",
+                tenant.name
+            ),
+        )
+        .into_response();
+    }
     let counts = tokio::time::timeout(Duration::from_secs(5), state.queue.counts())
         .await
         .ok()
