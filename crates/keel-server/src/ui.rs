@@ -55,6 +55,10 @@ pub const SESSION_TTL: Duration = Duration::from_secs(12 * 60 * 60);
 /// Sessions kept at most (the ones closest to expiry are dropped first).
 const MAX_SESSIONS: usize = 10_000;
 
+/// Sessions one tenant keeps at most: logging in again and again drops that tenant's
+/// oldest session, never another tenant's.
+pub const MAX_SESSIONS_PER_TENANT: usize = 100;
+
 /// A logged-in browser.
 #[derive(Debug, Clone)]
 struct Session {
@@ -137,6 +141,17 @@ impl UiMount {
         let now = Instant::now();
         let mut sessions = locked(&self.sessions);
         sessions.retain(|_, s| s.expires > now);
+        while sessions.values().filter(|s| s.tenant == tenant).count() >= MAX_SESSIONS_PER_TENANT {
+            let oldest = sessions
+                .iter()
+                .filter(|(_, s)| s.tenant == tenant)
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(id) => sessions.remove(&id),
+                None => break,
+            };
+        }
         while sessions.len() >= MAX_SESSIONS {
             let oldest = sessions
                 .iter()

@@ -277,6 +277,27 @@ async fn a_revoked_keys_session_is_refused() {
     h.stop().await;
 }
 
+/// One tenant logging in again and again ends its own oldest sessions, never another
+/// tenant's (before, every session shared one pool of 10,000: a tenant's logins could end
+/// everyone else's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_logins_end_only_its_own_oldest_sessions() {
+    let h = Harness::start(Backend::Sqlite, json!({"turns": [{"text": "hello"}]}), "").await;
+    let alpha = h.key("alpha").await;
+    let beta = h.key("beta").await;
+    let beta_session = login(&h, &beta).await;
+    let first = login(&h, &alpha).await;
+    let cap = keel_server::ui::MAX_SESSIONS_PER_TENANT;
+    let mut latest = String::new();
+    for _ in 0..cap {
+        latest = login(&h, &alpha).await;
+    }
+    assert_login_redirect(&get(&h, "/ui/runs", Some(&first)).await, Some("expired"));
+    assert_eq!(get(&h, "/ui/runs", Some(&latest)).await.status, 200);
+    assert_eq!(get(&h, "/ui/runs", Some(&beta_session)).await.status, 200);
+    h.stop().await;
+}
+
 /// A paused run of tenant alpha: (harness, alpha's key, thread, run, call).
 async fn paused_run() -> (Harness, String, String, String, String) {
     let script = json!({"turns": [
