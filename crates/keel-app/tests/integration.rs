@@ -5,6 +5,8 @@
 mod a2a_agent;
 mod bad_input;
 mod config_keys;
+#[cfg(feature = "local")]
+mod local_loading;
 mod responses_agent;
 mod resume;
 mod workflow;

@@ -197,13 +197,7 @@ fn generate(
     let started = Instant::now();
     let prompt_tokens = engine.tokenize(&job.spec.prompt);
     let n_prompt = to_u32(prompt_tokens.len());
-    if prompt_tokens.is_empty() {
-        // Sampling would read the logits the previous job left behind.
-        return Err(ModelError::new(
-            ModelErrorKind::InvalidRequest,
-            "the prompt is empty (no tokens to evaluate)",
-        ));
-    }
+    check_not_empty(&prompt_tokens)?;
     let special_tokens = to_u32(
         prompt_tokens
             .iter()
@@ -401,6 +395,18 @@ fn generate(
     Ok(Ok(()))
 }
 
+/// Refuses a prompt without tokens: with nothing evaluated, sampling would read the
+/// logits the previous job left in the context.
+fn check_not_empty(prompt_tokens: &[LlamaToken]) -> Result<(), ModelError> {
+    if prompt_tokens.is_empty() {
+        return Err(ModelError::new(
+            ModelErrorKind::InvalidRequest,
+            "the prompt is empty (no tokens to evaluate)",
+        ));
+    }
+    Ok(())
+}
+
 fn batch_size(job: &Job) -> u32 {
     job.spec.batch_size.max(16)
 }
@@ -586,6 +592,14 @@ impl Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_prompt_is_refused_before_sampling() {
+        let error = super::check_not_empty(&[]).unwrap_err();
+        assert_eq!(error.kind, ModelErrorKind::InvalidRequest);
+        assert!(error.message.contains("empty"), "{}", error.message);
+        super::check_not_empty(&[LlamaToken(1)]).unwrap();
+    }
 
     #[test]
     fn output_streams_text_and_holds_back_calls() {

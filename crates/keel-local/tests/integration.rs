@@ -6,6 +6,7 @@ mod common;
 
 mod cancellation;
 mod local_model;
+mod pinned_bindings;
 mod prompt_cache;
 mod pull;
 mod random_catalogs;
