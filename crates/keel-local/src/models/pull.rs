@@ -605,7 +605,8 @@ async fn lock_model(
                 name: model.name.to_string(),
                 lock: paths.lock.clone(),
             });
-            tracing::info!(
+            // Debug: the progress event is what a user sees (`keel models pull` prints it).
+            tracing::debug!(
                 lock = %paths.lock.display(),
                 "waiting for another pull of {}",
                 model.name
