@@ -96,6 +96,7 @@ pub async fn run(command: ThreadsCommand) -> Result<u8, CliError> {
                     .transpose()
                     .map_err(|e| CliError::usage(format!("--since {e}")))?,
                 limit,
+                id_prefix: None,
             };
             let store = store.events().await?;
             let list = threads::list(store.as_ref(), &filter)

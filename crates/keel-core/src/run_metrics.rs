@@ -351,6 +351,7 @@ pub async fn run_facts_by_folding<S: EventStore + ?Sized>(
             updated_since: query.active_since,
             status: None,
             limit: None,
+            id_prefix: None,
         })
         .await?;
     let mut out = Vec::new();

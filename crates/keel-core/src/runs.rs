@@ -535,6 +535,7 @@ pub async fn list_runs_by_folding<S: EventStore + ?Sized>(
             updated_since: query.active_since,
             status: query.status,
             limit: None,
+            id_prefix: None,
         })
         .await?;
     let needle = query.text_needle();

@@ -130,6 +130,10 @@ pub struct ThreadFilter {
     pub status: Option<ThreadStatus>,
     /// At most this many (most recently updated first).
     pub limit: Option<usize>,
+    /// Only threads whose id starts with this (a tenant's namespace `acme.`, or a
+    /// thread's sub-agent threads `<id>.sub.`), compared byte for byte — no pattern
+    /// characters. The SQL stores filter in the query.
+    pub id_prefix: Option<String>,
 }
 
 impl ThreadFilter {
@@ -142,6 +146,10 @@ impl ThreadFilter {
                 .updated_since
                 .is_none_or(|since| summary.updated_at >= since)
             && self.status.is_none_or(|status| summary.status == status)
+            && self
+                .id_prefix
+                .as_ref()
+                .is_none_or(|prefix| summary.thread_id.starts_with(prefix.as_str()))
     }
 }
 

@@ -32,6 +32,11 @@ impl Tenant {
         Ok(format!("{}.{client_id}", self.name))
     }
 
+    /// The prefix of every store id of this tenant (`<tenant>.`), for store queries.
+    pub fn prefix(&self) -> String {
+        format!("{}.", self.name)
+    }
+
     /// A new client thread id and its store id.
     pub fn new_thread(&self) -> (String, String) {
         let client = new_id("thr");

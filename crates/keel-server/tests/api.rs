@@ -243,6 +243,51 @@ async fn fork_and_delete_threads() {
     h.stop().await;
 }
 
+/// Deleting a thread deletes the threads its agents-as-tools ran on (`<id>.sub.<digest>`,
+/// and theirs) — they hold the same user's conversation — and nothing else: not a
+/// thread whose id merely starts the same, not another tenant's. Before, they stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_thread_deletes_its_sub_agent_threads() {
+    let h = Harness::start(Backend::Sqlite, json!({"turns": [{"text": "hi"}]}), "").await;
+    let key = h.key("alpha").await;
+    let (_, _, outcome) = h
+        .send(
+            "POST",
+            "/v1/chat",
+            &key,
+            Some(json!({"agent": "bot", "message": "hi"})),
+        )
+        .await;
+    let thread = outcome["thread_id"].as_str().unwrap().to_string();
+    let store_id = format!("alpha.{thread}");
+    let events = h.store.events.clone();
+    let child = format!("{store_id}.sub.0123456789abcdef");
+    let grandchild = format!("{child}.sub.fedcba9876543210");
+    let lookalike = format!("{store_id}x.sub.0123456789abcdef");
+    let other_tenant = format!("beta.{thread}.sub.0123456789abcdef");
+    for id in [&child, &grandchild, &lookalike, &other_tenant] {
+        events.fork_thread(&store_id, 0, id).await.unwrap();
+    }
+    let (status, _, body) = h
+        .send("DELETE", &format!("/v1/threads/{thread}"), &key, None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["sub_threads_deleted"], 2, "{body}");
+    for gone in [&store_id, &child, &grandchild] {
+        assert!(
+            events.load(gone).await.unwrap().is_empty(),
+            "{gone} is left"
+        );
+    }
+    for kept in [&lookalike, &other_tenant] {
+        assert!(
+            !events.load(kept).await.unwrap().is_empty(),
+            "{kept} was deleted"
+        );
+    }
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_lets_the_run_in_progress_finish() {
     let script = json!({"turns": [

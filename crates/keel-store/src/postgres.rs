@@ -408,6 +408,12 @@ impl EventStore for PostgresStore {
                 q.push(" AND end_state = ").push_bind(e);
             }
         }
+        if let Some(prefix) = &filter.id_prefix {
+            // `starts_with`, not LIKE: `_` and `%` in a prefix are themselves.
+            q.push(" AND starts_with(thread_id, ")
+                .push_bind(prefix.clone())
+                .push(")");
+        }
         q.push(" ORDER BY updated_at DESC, thread_id ASC");
         if let Some(limit) = filter.limit {
             q.push(" LIMIT ")

@@ -464,6 +464,14 @@ impl EventStore for SqliteStore {
                 q.push(" AND end_state = ").push_bind(e);
             }
         }
+        if let Some(prefix) = &filter.id_prefix {
+            // Bytes, not LIKE: `_` and `%` in a prefix are themselves.
+            q.push(" AND substr(CAST(thread_id AS BLOB), 1, ")
+                .push_bind(i64::try_from(prefix.len()).unwrap_or(i64::MAX))
+                .push(") = CAST(")
+                .push_bind(prefix.clone())
+                .push(" AS BLOB)");
+        }
         q.push(" ORDER BY updated_at DESC, thread_id ASC");
         if let Some(limit) = filter.limit {
             q.push(" LIMIT ")

@@ -354,6 +354,7 @@ pub(crate) async fn check_run_limits(
 async fn active_runs(state: &AppState, tenant: &Tenant, limit: u64) -> Result<u64, ApiError> {
     let filter = ThreadFilter {
         status: Some(ThreadStatus::Running),
+        id_prefix: Some(tenant.prefix()),
         ..ThreadFilter::default()
     };
     let running = state

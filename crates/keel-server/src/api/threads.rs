@@ -105,12 +105,14 @@ pub async fn list_threads(
             "limit: {limit} is out of range: use 1 to {MAX_LIMIT}"
         )));
     }
-    // The store filters by status, agent and time; the tenant's prefix is filtered here.
+    // The store filters by tenant, status, agent and time (sub-agent threads, which share
+    // the prefix, are left out here).
     let filter = ThreadFilter {
         status,
         agent: query.agent,
         updated_since: since,
         limit: None,
+        id_prefix: Some(tenant.prefix()),
     };
     let all = state
         .events
@@ -160,7 +162,8 @@ pub async fn get_thread(
     })))
 }
 
-/// Deletes a thread and its events (not while a run is in progress).
+/// Deletes a thread, its events and its sub-agent threads (not while a run is in
+/// progress).
 #[utoipa::path(
     delete,
     path = "/v1/threads/{thread_id}",
@@ -168,7 +171,7 @@ pub async fn get_thread(
     params(("thread_id" = String, Path, description = "Your thread id")),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "`{thread_id, deleted: true}`", body = serde_json::Value),
+        (status = 200, description = "`{thread_id, deleted: true, sub_threads_deleted}`: the thread and the threads its agents-as-tools ran on", body = serde_json::Value),
         (status = 404, body = ErrorBody),
         (status = 409, description = "A run is in progress: cancel it first", body = ErrorBody),
     )
@@ -190,6 +193,28 @@ pub async fn delete_thread(
             ),
         ));
     }
+    // Its sub-agent threads first (`<id>.sub.<digest>`, and theirs): the conversations
+    // its agents-as-tools had hold the same user's data.
+    let subs = ThreadFilter {
+        id_prefix: Some(format!("{store_id}.sub.")),
+        ..ThreadFilter::default()
+    };
+    let sub_threads = state.events.list_threads(&subs).await.map_err(|e| {
+        ApiError::internal(format!(
+            "cannot list thread {thread_id}'s sub-agent threads: {e}"
+        ))
+    })?;
+    for sub in &sub_threads {
+        state
+            .events
+            .delete_thread(&sub.thread_id)
+            .await
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot delete a sub-agent thread of {thread_id}: {e}; retry the delete"
+                ))
+            })?;
+    }
     let deleted = state
         .events
         .delete_thread(&store_id)
@@ -198,7 +223,11 @@ pub async fn delete_thread(
     if !deleted {
         return Err(ApiError::thread_not_found(&thread_id));
     }
-    Ok(axum::Json(json!({"thread_id": thread_id, "deleted": true})))
+    Ok(axum::Json(json!({
+        "thread_id": thread_id,
+        "deleted": true,
+        "sub_threads_deleted": sub_threads.len(),
+    })))
 }
 
 /// `POST /v1/threads/{thread_id}/fork`.

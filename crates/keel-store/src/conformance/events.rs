@@ -433,7 +433,24 @@ pub async fn list_threads(store: Arc<dyn EventStore>) -> R {
         })
         .await
         .map_err(backend(C, "list 0"))?;
-    ensure_eq(C, "limit 0", none.len(), 0)
+    ensure_eq(C, "limit 0", none.len(), 0)?;
+    for (prefix, want) in [
+        ("t1", vec!["t1"]),
+        ("t", vec!["t3", "t4", "t2", "t1"]),
+        ("t_", vec![]),
+        ("%", vec![]),
+    ] {
+        let found = store
+            .list_threads(&ThreadFilter {
+                id_prefix: Some(prefix.into()),
+                ..Default::default()
+            })
+            .await
+            .map_err(backend(C, "list by prefix"))?;
+        let want: Vec<String> = want.into_iter().map(String::from).collect();
+        ensure_eq(C, &format!("id_prefix {prefix:?}"), ids(&found), want)?;
+    }
+    Ok(())
 }
 
 /// Fork copies a prefix under a new id; the source is untouched; a used target conflicts.
