@@ -113,12 +113,12 @@ fn send_item(out: &Out<'_>, item: Result<StreamEvent, ModelError>) -> Result<(),
         Err(TrySendError::Closed(_)) => return Err(Cancelled),
         Err(TrySendError::Full(item)) => item,
     };
-    let Some(runtime) = stall_runtime() else {
-        return out.tx.blocking_send(item).map_err(|_| Cancelled);
-    };
     // The timer is made inside `block_on`: it needs the runtime's time driver.
-    let sent = runtime
-        .block_on(async { tokio::time::timeout(out.stall_timeout, out.tx.send(item)).await });
+    let sent = STALL_RUNTIME.with(|runtime| match runtime {
+        Some(runtime) => runtime
+            .block_on(async { tokio::time::timeout(out.stall_timeout, out.tx.send(item)).await }),
+        None => Ok(out.tx.blocking_send(item)),
+    });
     match sent {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(Cancelled),
@@ -133,19 +133,17 @@ fn send_item(out: &Out<'_>, item: Result<StreamEvent, ModelError>) -> Result<(),
     }
 }
 
-/// A timer for [`send`]'s wait on the worker thread (which runs no async runtime of its
-/// own): a current-thread runtime with only the time driver, one per worker thread.
-fn stall_runtime() -> Option<&'static tokio::runtime::Runtime> {
-    thread_local! {
-        static RUNTIME: &'static Option<tokio::runtime::Runtime> = Box::leak(Box::new(
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .map_err(|error| tracing::warn!(%error, "no timer for stalled streams"))
-                .ok(),
-        ));
-    }
-    RUNTIME.with(|runtime| runtime.as_ref())
+thread_local! {
+    /// A timer for [`send`]'s wait on the worker thread (which runs no async runtime of
+    /// its own): a current-thread runtime with only the time driver, made on the thread's
+    /// first stalled send and dropped with the thread. `None` if it cannot be made (then
+    /// the wait is unbounded, as it was before).
+    static STALL_RUNTIME: Option<tokio::runtime::Runtime> =
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|error| tracing::warn!(%error, "no timer for stalled streams"))
+            .ok();
 }
 
 fn to_i32(n: u32) -> i32 {
