@@ -116,6 +116,12 @@ pub struct TenantLimits {
     /// Model tokens (input + output) per UTC day (default 0: unlimited).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_day: Option<u64>,
+    /// Event streams open at once (`/v1` SSE, A2A streams, `/ui` live pages; default 32).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_streams: Option<u64>,
+    /// Event streams one API key (or `/ui` session's key) has open at once (default 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_streams_per_key: Option<u64>,
 }
 
 /// `[server.tenants.<tenant>]`: the tenant's limits (unset ones from `[server.limits]`)
@@ -132,6 +138,12 @@ pub struct TenantConfig {
     /// Model tokens (input + output) per UTC day.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_day: Option<u64>,
+    /// Event streams open at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_streams: Option<u64>,
+    /// Event streams one API key has open at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_streams_per_key: Option<u64>,
     /// `[server.tenants.<tenant>.credentials]`: credential name (the variable a tool's
     /// `auth` names, e.g. `CRM_TOKEN`) → where this tenant's secret is.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -145,6 +157,8 @@ impl TenantConfig {
             concurrent_runs: self.concurrent_runs,
             requests_per_minute: self.requests_per_minute,
             tokens_per_day: self.tokens_per_day,
+            open_streams: self.open_streams,
+            open_streams_per_key: self.open_streams_per_key,
         }
     }
 }
@@ -245,6 +259,10 @@ pub struct Limits {
     pub requests_per_minute: u64,
     /// Model tokens per UTC day.
     pub tokens_per_day: u64,
+    /// Event streams open at once.
+    pub open_streams: u64,
+    /// Event streams one key has open at once.
+    pub open_streams_per_key: u64,
 }
 
 impl Default for Limits {
@@ -253,6 +271,8 @@ impl Default for Limits {
             concurrent_runs: 16,
             requests_per_minute: 600,
             tokens_per_day: 0,
+            open_streams: 32,
+            open_streams_per_key: 8,
         }
     }
 }
@@ -271,6 +291,8 @@ impl ServerConfig {
             concurrent_runs: pick(|l| l.concurrent_runs, base.concurrent_runs),
             requests_per_minute: pick(|l| l.requests_per_minute, base.requests_per_minute),
             tokens_per_day: pick(|l| l.tokens_per_day, base.tokens_per_day),
+            open_streams: pick(|l| l.open_streams, base.open_streams),
+            open_streams_per_key: pick(|l| l.open_streams_per_key, base.open_streams_per_key),
         }
     }
 
@@ -617,7 +639,9 @@ mod tests {
             Limits {
                 concurrent_runs: 1,
                 requests_per_minute: 60,
-                tokens_per_day: 0
+                tokens_per_day: 0,
+                open_streams: 32,
+                open_streams_per_key: 8,
             }
         );
         assert_eq!(config.limits_for("other").concurrent_runs, 16);

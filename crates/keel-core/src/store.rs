@@ -255,6 +255,16 @@ pub trait EventStore: Send + Sync {
     /// All events of a thread in order (empty when the thread does not exist).
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError>;
 
+    /// The events of a thread from sequence number `from_seq` on, in order (empty when
+    /// there are none): what a follower that has seen the log up to `from_seq - 1` reads
+    /// on each wake-up, instead of the whole log. This default loads the whole log and
+    /// drops the head; the SQL stores read only the tail, by the `(thread_id, seq)` key.
+    async fn load_from(&self, thread_id: &str, from_seq: u64) -> Result<Vec<Event>, StoreError> {
+        let mut events = self.load(thread_id).await?;
+        events.retain(|event| event.seq >= from_seq);
+        Ok(events)
+    }
+
     /// Threads matching a filter, most recently updated first.
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError>;
 

@@ -44,17 +44,18 @@ use keel_a2a::types::{
 use keel_core::{EndState, Event, EventKind};
 use keel_runtime::{RunContext, RunStatus, Thread};
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use crate::api::chat::{check_agent, check_run_limits, track};
 use crate::api::runs::{continue_on_worker, human_error, refuse_if_paused, request_cancel};
 use crate::auth;
 use crate::error::ApiError;
-use crate::follow::{load, wait_for_append};
-use crate::hub::HubMessage;
+use crate::follow::{load, load_from, open_stream, wait_for_append};
+use crate::hub::ThreadSubscription;
 use crate::jobs::{enqueue_new, enqueue_new_as, recipe_for, submission_of};
 use crate::outcome::{RunPosition, position, run_events};
 use crate::state::AppState;
+use crate::streams::{KEY_CHECK, StreamPermit, key_still_active};
 use crate::tenancy::Tenant;
 use keel_app::recipe::Recipe;
 
@@ -543,12 +544,18 @@ impl KeelA2a {
         self: &Arc<Self>,
         task: TaskRef,
         last: Task,
-        hub: broadcast::Receiver<HubMessage>,
+        hub: ThreadSubscription,
+        tenant: &Tenant,
+        permit: StreamPermit,
     ) -> TaskRun {
         let (tx, rx) = mpsc::channel::<TaskEvent>(64);
         let this = Arc::clone(self);
         let snapshot = last.clone();
-        tokio::spawn(async move { this.pump(task, last, hub, tx).await });
+        let tenant = tenant.clone();
+        tokio::spawn(async move {
+            this.pump(task, last, hub, &tenant, tx).await;
+            drop(permit);
+        });
         let events = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|event| (event, rx))
         })
@@ -563,15 +570,36 @@ impl KeelA2a {
         &self,
         task: TaskRef,
         mut last: Task,
-        mut hub: broadcast::Receiver<HubMessage>,
+        mut hub: ThreadSubscription,
+        tenant: &Tenant,
         tx: mpsc::Sender<TaskEvent>,
     ) {
         let state = &self.state;
         let deadline = crate::state::deadline_after(state.stream_timeout());
+        let mut next_key_check = tokio::time::Instant::now() + KEY_CHECK;
+        // The log's length when last read whole: a wake-up reads only the tail past it
+        // (nothing while the task waits), and the whole log only when it grew.
+        let mut read_upto: Option<u64> = None;
         loop {
-            if let Some(events) = load(state, &task.store_id).await
+            if !tenant.key_sha256.is_empty() && tokio::time::Instant::now() >= next_key_check {
+                next_key_check = tokio::time::Instant::now() + KEY_CHECK;
+                if !key_still_active(state, &tenant.name, &tenant.key_id, &tenant.key_sha256).await
+                {
+                    // The key was revoked: the stream ends, with nothing more of the task.
+                    return;
+                }
+            }
+            let grown = match read_upto {
+                None => true,
+                Some(upto) => load_from(state, &task.store_id, upto)
+                    .await
+                    .is_some_and(|tail| !tail.is_empty()),
+            };
+            if grown
+                && let Some(events) = load(state, &task.store_id).await
                 && let Ok(now) = self.snapshot_of(&task, &events)
             {
+                read_upto = Some(events.last().map_or(0, |e| e.seq + 1));
                 // A run that ended (or paused) between two reads still worked first.
                 if last.status.state == TaskState::Submitted
                     && now.status.state != TaskState::Submitted
@@ -611,7 +639,7 @@ impl KeelA2a {
                 }
             }
             tokio::select! {
-                () = wait_for_append(&mut hub, &task.store_id, state.poll) => {}
+                () = wait_for_append(hub.receiver(), &task.store_id, state.poll) => {}
                 () = tokio::time::sleep_until(deadline) => return,
                 () = state.shutdown.cancelled() => return,
                 () = tx.closed() => return,
@@ -661,8 +689,10 @@ impl KeelA2a {
             }
         };
         let admission = check_run_limits(state, tenant).await.map_err(limit_error)?;
+        // The stream's slot is taken before the run is queued: a refusal queues nothing.
+        let permit = open_stream(state, tenant).map_err(limit_error)?;
         // Subscribed before the run is queued: a worker here may start it at once.
-        let hub = state.hub.subscribe();
+        let hub = state.hub.subscribe_thread(thread.id());
         let queued = enqueue_new(state.queue.as_ref(), &thread, recipe_for(&ctx.agent), text)
             .await
             .map_err(RpcError::internal)?;
@@ -690,7 +720,7 @@ impl KeelA2a {
             history: vec![message],
             metadata: None,
         };
-        Ok(self.follow(task, snapshot, hub))
+        Ok(self.follow(task, snapshot, hub, tenant, permit))
     }
 
     /// The next message of a task waiting for input: its approval decision or answer.
@@ -777,13 +807,14 @@ impl KeelA2a {
                 )));
             }
         }
+        let permit = open_stream(state, tenant).map_err(limit_error)?;
         // Subscribed before the continuation is queued.
-        let hub = state.hub.subscribe();
+        let hub = state.hub.subscribe_thread(&task.store_id);
         continue_on_worker(state, &thread)
             .await
             .map_err(|e| rpc_error(&e, task_id))?;
         let snapshot = self.snapshot(&task).await?;
-        Ok(self.follow(task, snapshot, hub))
+        Ok(self.follow(task, snapshot, hub, tenant, permit))
     }
 
     /// The answer to a task whose run ended `clarify_needed` (`ask_user` in a run no one
@@ -809,9 +840,10 @@ impl KeelA2a {
             .map_err(|e| RpcError::internal(e.to_string()))?
             .ok_or_else(|| RpcError::unsupported("the task's run recorded no agent"))?;
         let admission = check_run_limits(state, tenant).await.map_err(limit_error)?;
+        let permit = open_stream(state, tenant).map_err(limit_error)?;
         let runs = runs_of(events, &task).len();
         let submission = format!("{}-r{}", task.submission, runs + 1);
-        let hub = state.hub.subscribe();
+        let hub = state.hub.subscribe_thread(thread.id());
         let queued = enqueue_new_as(
             state.queue.as_ref(),
             thread,
@@ -837,7 +869,7 @@ impl KeelA2a {
             message.message_id.clone(),
             &message.text(),
         ));
-        Ok(self.follow(task, snapshot, hub))
+        Ok(self.follow(task, snapshot, hub, tenant, permit))
     }
 
     /// Waits (bounded by the request timeout) until `until` holds of the task's events.
@@ -848,7 +880,7 @@ impl KeelA2a {
     ) -> Option<Vec<Event>> {
         let state = &self.state;
         let deadline = crate::state::deadline_after(state.request_timeout());
-        let mut hub = state.hub.subscribe();
+        let mut hub = state.hub.subscribe_thread(&task.store_id);
         loop {
             if let Some(events) = load(state, &task.store_id).await
                 && until(&events)
@@ -856,7 +888,7 @@ impl KeelA2a {
                 return Some(events);
             }
             tokio::select! {
-                () = wait_for_append(&mut hub, &task.store_id, state.poll) => {}
+                () = wait_for_append(hub.receiver(), &task.store_id, state.poll) => {}
                 () = tokio::time::sleep_until(deadline) => return None,
                 () = state.shutdown.cancelled() => return None,
             }
@@ -976,7 +1008,7 @@ impl A2aBackend for Backend {
         Box::pin(async move {
             let tenant = tenant_of(ctx)?;
             let task = TaskRef::parse(&tenant, task_id)?;
-            let hub = self.state.hub.subscribe();
+            let hub = self.state.hub.subscribe_thread(&task.store_id);
             let now = self.snapshot(&task).await?;
             if now.status.state.is_terminal() {
                 return Err(RpcError::unsupported(format!(
@@ -984,7 +1016,8 @@ impl A2aBackend for Backend {
                     now.status.state
                 )));
             }
-            Ok(self.follow(task, now, hub))
+            let permit = open_stream(&self.state, &tenant).map_err(limit_error)?;
+            Ok(self.follow(task, now, hub, &tenant, permit))
         })
     }
 }

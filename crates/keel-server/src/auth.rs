@@ -68,6 +68,7 @@ pub async fn require_key(
     request.extensions_mut().insert(Tenant {
         name: info.tenant,
         key_id: info.key_id,
+        key_sha256: keys::digest(&presented),
     });
     next.run(request).await
 }

@@ -223,14 +223,42 @@ impl CredentialSource for TenantCredentials {
     }
 }
 
+/// The HTTP tools declared in the agent files keel.toml's agents name (`[agents.<name>]
+/// file = "…"`), which keel.toml's own parse does not hold: an agent file keeps its
+/// `${VAR}` references as written, expanded when the agent is built. An agent file that
+/// cannot be read is left to the agent's build, which reports it.
+pub fn agent_file_http_tools(
+    loaded: &keel_config::LoadedConfig,
+) -> Vec<keel_tools::HttpToolConfig> {
+    loaded
+        .config
+        .agents
+        .iter()
+        .filter(|(_, table)| table.file.is_some())
+        .filter_map(|(name, _)| {
+            keel_app::definition::Resolved::load(
+                loaded,
+                &keel_app::definition::AgentRef::Named(name.clone()),
+            )
+            .ok()
+        })
+        .flat_map(|resolved| resolved.definition.tools.unwrap_or_default())
+        .filter_map(|entry| match entry {
+            keel_config::ToolEntry::Http(tool) => Some(*tool),
+            keel_config::ToolEntry::Named(_) => None,
+        })
+        .collect()
+}
+
 /// Why the server refuses its credential settings: entries naming the server's own
-/// secrets (provider API keys, the store URL), and keel.toml HTTP tools whose fixed `url`
-/// or `headers` hold the value of one of them (a `${OPENAI_API_KEY}` expanded when
-/// keel.toml was loaded would be sent on every tenant's calls). Messages name variables and
-/// tools, never values.
+/// secrets (provider API keys, the store URL), and HTTP tools — of keel.toml and of
+/// `agent_file_tools` (see [`agent_file_http_tools`]) — whose fixed `url` or `headers`
+/// hold the value of one of them or a `${VAR}` reference to one (either would be sent on
+/// every tenant's calls). Messages name variables and tools, never values.
 pub fn problems(
     server: &ServerConfig,
     app: &keel_config::KeelConfig,
+    agent_file_tools: &[keel_tools::HttpToolConfig],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<String> {
     let mut config = app.clone();
@@ -249,11 +277,16 @@ pub fn problems(
                 keel_config::ToolEntry::Named(_) => None,
             })
     });
-    let tools: Vec<_> = app.tools.http.iter().chain(inline).collect();
+    let tools: Vec<_> = app
+        .tools
+        .http
+        .iter()
+        .chain(inline)
+        .chain(agent_file_tools)
+        .collect();
     for (var, what) in keel_config::server_secret_vars(app) {
-        let Some(value) = env(&var).filter(|v| v.trim().len() >= MIN_SECRET_CHARS) else {
-            continue;
-        };
+        let value = env(&var).filter(|v| v.trim().len() >= MIN_SECRET_CHARS);
+        let references = [format!("${{{var}}}"), format!("${{{var}:-")];
         for tool in &tools {
             let fields = std::iter::once(("url".to_string(), &tool.url)).chain(
                 tool.headers
@@ -261,7 +294,9 @@ pub fn problems(
                     .map(|(name, text)| (format!("headers.{name}"), text)),
             );
             for (field, text) in fields {
-                if text.contains(value.trim()) {
+                let holds_value = value.as_deref().is_some_and(|v| text.contains(v.trim()));
+                let names_var = references.iter().any(|r| text.contains(r.as_str()));
+                if holds_value || names_var {
                     out.push(format!(
                         "tool `{}` sends the value of `{var}` ({what}) in `{field}`: every \
                          tenant's calls would carry the server's own secret. Name a credential \
@@ -380,7 +415,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let problems = problems(&server, &app, &|_| None);
+        let problems = problems(&server, &app, &[], &|_| None);
         assert_eq!(problems.len(), 4, "{problems:#?}");
         assert!(
             problems[0].contains("the API key of model provider `openai`"),

@@ -3,8 +3,11 @@
 //! final `outcome`) and [`wait_settled`] (a non-streaming chat waiting for its run to end
 //! or pause). Both re-read the store when the [`Hub`](crate::hub::Hub) announces an
 //! append to the thread (each subscribes to its own thread only), and at least every poll
-//! interval, so runs driven by other processes are followed too. Every wait is bounded
-//! (stream timeout, request timeout, shutdown, client gone).
+//! interval, so runs driven by other processes are followed too. A stream reads only the
+//! log's tail past what it sent ([`EventStore::load_from`](keel_core::EventStore::load_from)),
+//! holds a [`StreamPermit`] of its tenant and key, and ends when its key is revoked
+//! (checked every [`KEY_CHECK`]). Every wait is bounded (stream timeout, request timeout,
+//! shutdown, client gone).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use crate::hub::{HubMessage, ThreadSubscription};
 use crate::jobs::submission_of;
 use crate::outcome::{RunPosition, position, run_events, run_json};
 use crate::state::AppState;
+use crate::streams::{KEY_CHECK, StreamPermit, key_still_active};
 use crate::tenancy::Tenant;
 
 /// The longest one store read may take.
@@ -51,12 +55,24 @@ pub struct Follow {
     pub until: Until,
 }
 
-/// The SSE response following `follow`; `hub` is a subscription to the thread taken
-/// before the run was queued (so no delta is missed), or `None` to subscribe now.
+/// A stream slot of `tenant` (its key's and its own allowance of open streams); 429
+/// `too_many_streams` beyond.
+pub fn open_stream(
+    state: &AppState,
+    tenant: &Tenant,
+) -> Result<StreamPermit, crate::error::ApiError> {
+    let limits = state.config.limits_for(&tenant.name);
+    state.streams.open(&tenant.name, &tenant.key_id, &limits)
+}
+
+/// The SSE response following `follow`, holding `permit` until it ends; `hub` is a
+/// subscription to the thread taken before the run was queued (so no delta is missed), or
+/// `None` to subscribe now.
 pub fn event_stream(
     state: AppState,
     follow: Follow,
     hub: Option<ThreadSubscription>,
+    permit: StreamPermit,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = mpsc::channel::<SseEvent>(256);
     // Subscribed before the first read so no announcement falls in between.
@@ -65,6 +81,7 @@ pub fn event_stream(
         state.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
         pump(&state, follow, hub, &tx).await;
         state.metrics.streams_open.fetch_sub(1, Ordering::Relaxed);
+        drop(permit);
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|event| (Ok(event), rx))
@@ -74,7 +91,17 @@ pub fn event_stream(
 
 /// Reads the thread once (bounded); `None` on a store failure or timeout.
 pub(crate) async fn load(state: &AppState, store_id: &str) -> Option<Vec<Event>> {
-    match tokio::time::timeout(LOAD_TIMEOUT, state.events.load(store_id)).await {
+    load_from(state, store_id, 0).await
+}
+
+/// Reads the thread's events from `from_seq` on, once (bounded); `None` on a store
+/// failure or timeout.
+pub(crate) async fn load_from(
+    state: &AppState,
+    store_id: &str,
+    from_seq: u64,
+) -> Option<Vec<Event>> {
+    match tokio::time::timeout(LOAD_TIMEOUT, state.events.load_from(store_id, from_seq)).await {
         Ok(Ok(events)) => Some(events),
         Ok(Err(e)) => {
             tracing::warn!(thread = store_id, error = %e, "stream: cannot load thread");
@@ -101,18 +128,24 @@ enum Sent {
 }
 
 impl Cursor {
-    /// Reads the thread, then sends its stored events from `next` up to `upto` (every one
-    /// when `None`).
+    /// Reads the log's tail: the events from `next` on, and the one before (whether the
+    /// thread is idle shows in its last event, which the stream may have sent already).
+    async fn tail(&self, state: &AppState) -> Option<Vec<Event>> {
+        load_from(state, &self.follow.store_id, self.next.saturating_sub(1)).await
+    }
+
+    /// Reads the log's tail, then sends its stored events from `next` up to `upto` (every
+    /// one when `None`).
     async fn send(
         &mut self,
         state: &AppState,
         upto: Option<u64>,
         tx: &mpsc::Sender<SseEvent>,
     ) -> Sent {
-        let Some(events) = load(state, &self.follow.store_id).await else {
+        let Some(events) = self.tail(state).await else {
             return Sent::More;
         };
-        self.send_loaded(&events, upto, tx).await
+        self.send_loaded(state, &events, upto, tx).await
     }
 
     /// Sends everything the thread holds after what the hub already queued for this
@@ -130,7 +163,7 @@ impl Cursor {
         hub: &mut ThreadSubscription,
         tx: &mpsc::Sender<SseEvent>,
     ) -> Sent {
-        let Some(mut events) = load(state, &self.follow.store_id).await else {
+        let Some(mut events) = self.tail(state).await else {
             return Sent::More;
         };
         loop {
@@ -140,12 +173,12 @@ impl Cursor {
                         continue;
                     }
                     if events.last().is_none_or(|last| last.seq < seq) {
-                        match load(state, &self.follow.store_id).await {
+                        match self.tail(state).await {
                             Some(newer) => events = newer,
                             None => return Sent::More,
                         }
                     }
-                    if self.send_loaded(&events, Some(seq), tx).await == Sent::Done {
+                    if self.send_loaded(state, &events, Some(seq), tx).await == Sent::Done {
                         return Sent::Done;
                     }
                 }
@@ -164,14 +197,15 @@ impl Cursor {
                 ) => break,
             }
         }
-        self.send_loaded(&events, None, tx).await
+        self.send_loaded(state, &events, None, tx).await
     }
 
-    /// Sends the stored events of `events` from `next` up to `upto` (every one when
-    /// `None`): events a hub announcement names are sent in announcement order, between
-    /// the deltas.
+    /// Sends the stored events of `events` (a tail of the log, see [`Cursor::tail`]) from
+    /// `next` up to `upto` (every one when `None`): events a hub announcement names are
+    /// sent in announcement order, between the deltas.
     async fn send_loaded(
         &mut self,
+        state: &AppState,
         events: &[Event],
         upto: Option<u64>,
         tx: &mpsc::Sender<SseEvent>,
@@ -202,10 +236,13 @@ impl Cursor {
                     Until::Idle => events.last().is_some_and(|l| l.seq == event.seq),
                 };
                 if done {
+                    // The outcome sums the whole run up: its events may start before the
+                    // tail this stream read, so the log is read whole once, here.
+                    let whole = load(state, &self.follow.store_id).await;
                     let run = run_json(
                         &self.follow.client_id,
                         &event.run_id,
-                        &run_events(events, &event.run_id),
+                        &run_events(whole.as_deref().unwrap_or(events), &event.run_id),
                     );
                     let _ = tx
                         .send(SseEvent::default().event("outcome").data(run.to_string()))
@@ -260,8 +297,26 @@ async fn pump(
     // One timer for the whole stream: other threads' announcements do not postpone it.
     let mut poll = tokio::time::interval(state.poll);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut key_check =
+        tokio::time::interval_at(tokio::time::Instant::now() + KEY_CHECK, KEY_CHECK);
+    key_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let tenant = cursor.follow.tenant.clone();
     loop {
         let sent = tokio::select! {
+            // A revoked key stops receiving (a tenant acting without a key has none to
+            // check).
+            _ = key_check.tick(), if !tenant.key_sha256.is_empty() => {
+                if key_still_active(state, &tenant.name, &tenant.key_id, &tenant.key_sha256).await {
+                    continue;
+                }
+                let _ = tx
+                    .send(SseEvent::default().event("error").data(
+                        json!({"error": {"code": "unauthorized", "message":
+                            "the stream's API key was revoked"}}).to_string(),
+                    ))
+                    .await;
+                return;
+            }
             message = hub.recv() => match message {
                 Ok(HubMessage::Appended(thread, seq)) if *thread == *cursor.follow.store_id => {
                     if seq < cursor.next {

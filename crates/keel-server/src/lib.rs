@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod server;
 pub mod state;
+pub mod streams;
 pub mod tenancy;
 pub mod ui;
 

@@ -94,6 +94,7 @@ impl Server {
         problems.extend(crate::credentials::problems(
             &config,
             app.config(),
+            &crate::credentials::agent_file_http_tools(app.loaded()),
             app.env(),
         ));
         if !problems.is_empty() {
@@ -119,6 +120,7 @@ impl Server {
             pending: Mutex::new(Vec::new()),
             openapi: OnceLock::new(),
             admissions: crate::state::Admissions::default(),
+            streams: Arc::default(),
         });
         let jobs = ServerJobs {
             credentials,

@@ -44,6 +44,8 @@ pub struct Shared {
     pub openapi: std::sync::OnceLock<String>,
     /// Per-tenant locks held from counting a tenant's runs to queueing its new one.
     pub admissions: Admissions,
+    /// Event streams open, by tenant and key.
+    pub streams: Arc<crate::streams::OpenStreams>,
 }
 
 /// Makes "count the tenant's runs, then queue one" atomic in this process: one lock per

@@ -22,6 +22,9 @@ pub struct Tenant {
     pub name: String,
     /// The key's public id (recorded as who approved a call).
     pub key_id: String,
+    /// SHA-256 of the key (hex), as the key store indexes it: an open stream looks it up
+    /// again to end when the key is revoked. Empty for a tenant acting without a key.
+    pub key_sha256: String,
 }
 
 impl Tenant {
@@ -97,10 +100,12 @@ mod tests {
         let a = Tenant {
             name: "a".into(),
             key_id: "k".into(),
+            key_sha256: String::new(),
         };
         let b = Tenant {
             name: "ab".into(),
             key_id: "k".into(),
+            key_sha256: String::new(),
         };
         assert_eq!(a.store_id("thr_1").unwrap(), "a.thr_1");
         assert_eq!(a.client_id("a.thr_1"), Some("thr_1"));

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use keel_core::EventStore;
@@ -127,6 +127,50 @@ impl UiMount {
                 keel_ui::router(ui)
             })
             .clone()
+    }
+
+    /// The 429 page when `tenant` has used its requests-per-minute allowance
+    /// (`[server.limits]`), after taking one request of it.
+    fn limited(&self, tenant: &str) -> Option<Response> {
+        let per_minute = self.state.config.limits_for(tenant).requests_per_minute;
+        let error = self.state.rate.check(tenant, per_minute).err()?;
+        self.state.metrics.limited.fetch_add(1, Ordering::Relaxed);
+        Some(too_many(&error.message, error.retry_after.unwrap_or(1)))
+    }
+
+    /// What a live page's stream holds and asks: a stream slot of the session's tenant and
+    /// key (`too_many_streams` when none is left), and whether the session (by the digest `id`
+    /// of its cookie) still stands: not logged out, not expired, its key still active.
+    fn live_guard(
+        self: &Arc<Self>,
+        id: String,
+        session: &Session,
+    ) -> Result<keel_ui::LiveGuard, crate::error::ApiError> {
+        let limits = self.state.config.limits_for(&session.tenant);
+        let permit = self
+            .state
+            .streams
+            .open(&session.tenant, &session.key_id, &limits)?;
+        let mount = Arc::clone(self);
+        let session = session.clone();
+        let still_allowed = move || -> futures::future::BoxFuture<'static, bool> {
+            let mount = Arc::clone(&mount);
+            let session = session.clone();
+            let id = id.clone();
+            Box::pin(async move {
+                let open = locked(&mount.sessions)
+                    .get(&id)
+                    .is_some_and(|s| s.expires > Instant::now());
+                open && crate::streams::key_still_active(
+                    &mount.state,
+                    &session.tenant,
+                    &session.key_id,
+                    &session.key_sha256,
+                )
+                .await
+            })
+        };
+        Ok(keel_ui::LiveGuard::new(still_allowed, permit))
     }
 
     fn forget(&self, id: &str) {
@@ -225,6 +269,11 @@ async fn dispatch(State(mount): State<Arc<UiMount>>, request: Request) -> Respon
         Ok(session) => session,
         Err(answer) => return answer,
     };
+    // Every page, action and live stream counts against the tenant's allowance, as a
+    // `/v1` request does: a browser tab cannot be used to get around the limit.
+    if let Some(limited) = mount.limited(&session.tenant) {
+        return limited;
+    }
     let (mut parts, body) = request.into_parts();
     let full = parts.uri.path_and_query().map_or("/ui", |p| p.as_str());
     let rest = full.strip_prefix("/ui").unwrap_or(full);
@@ -244,6 +293,17 @@ async fn dispatch(State(mount): State<Arc<UiMount>>, request: Request) -> Respon
     parts
         .extensions
         .insert(keel_ui::DecidedBy(format!("ui:{}", session.key_id)));
+    // A live page is a stream: it takes a slot of the tenant's and the key's open
+    // streams, and ends when the session does (its key revoked, its time up).
+    if parts.method == Method::GET && parts.uri.path().ends_with("/live") {
+        let id = cookie(&parts.headers, COOKIE).map_or_else(String::new, |t| keys::digest(&t));
+        match mount.live_guard(id, &session) {
+            Ok(guard) => {
+                parts.extensions.insert(guard);
+            }
+            Err(error) => return too_many(&error.message, error.retry_after.unwrap_or(1)),
+        }
+    }
     let router = mount.router_for(&session.tenant);
     match router.oneshot(Request::from_parts(parts, body)).await {
         Ok(response) => response,
@@ -275,7 +335,15 @@ async fn login(State(mount): State<Arc<UiMount>>, headers: HeaderMap, body: Stri
     let found =
         tokio::time::timeout(state.request_timeout(), keys::resolve(&state.serving, key)).await;
     let info = match found {
-        Ok(Ok(Some(info))) => info,
+        // A sign-in is a request of the key's tenant, like any other (a bad key is a 401
+        // like a `/v1` request with one: it has no tenant to charge, and charging a
+        // shared budget would let anyone lock every tenant out).
+        Ok(Ok(Some(info))) => {
+            if let Some(limited) = mount.limited(&info.tenant) {
+                return limited;
+            }
+            info
+        }
         Ok(Ok(None)) => {
             state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
             return login_form(
@@ -388,6 +456,7 @@ impl Resumer for QueueResumer {
         let tenant = crate::tenancy::Tenant {
             name: self.tenant.clone(),
             key_id: String::new(),
+            key_sha256: String::new(),
         };
         let admission = crate::api::chat::check_run_limits(&self.state, &tenant)
             .await
@@ -558,6 +627,15 @@ fn page(status: StatusCode, title: &str, message: &str) -> Response {
             escape(message)
         ),
     )
+}
+
+/// The 429 page, with `Retry-After`.
+fn too_many(message: &str, retry_after: u64) -> Response {
+    let mut response = page(StatusCode::TOO_MANY_REQUESTS, "Too many requests", message);
+    if let Ok(value) = HeaderValue::from_str(&retry_after.max(1).to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 fn login_form(status: StatusCode, message: Option<&str>, next: &str) -> Response {

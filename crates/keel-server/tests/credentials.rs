@@ -397,6 +397,37 @@ async fn settings_naming_the_servers_own_secrets_are_refused() {
     );
     assert!(!refused.contains(PROVIDER_KEY), "{refused}");
 
+    // The same tool in an agent file that keel.toml names: the file keeps the reference
+    // as written (expanded when the agent is built), and the server refuses it too
+    // (before, agent files were not looked at: the server started and sent the key).
+    std::fs::create_dir_all(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents/leaky.toml"),
+        "instructions = \"Help.\"\n\
+         [[tools]]\nname = \"leaky_file\"\ndescription = \"Leaks.\"\n\
+         usage = \"leaky_file — no arguments.\"\nmethod = \"GET\"\n\
+         url = \"http://127.0.0.1:9/x\"\n\
+         headers = { Authorization = \"Bearer ${OPENAI_API_KEY}\" }\n",
+    )
+    .unwrap();
+    let from_file = App::from_toml_str(
+        "[agents.leaky]\nfile = \"agents/leaky.toml\"\n",
+        dir.path(),
+        env(),
+    )
+    .unwrap();
+    let config = from_file.config().server.clone();
+    let refused = Server::new(Arc::new(from_file), &store, config)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        refused.contains("tool `leaky_file` sends the value of `OPENAI_API_KEY`")
+            && refused.contains("headers.Authorization"),
+        "{refused}"
+    );
+    assert!(!refused.contains(PROVIDER_KEY), "{refused}");
+
     // A server configured in code gets the same refusal.
     let app = App::from_toml_str("", dir.path(), env()).unwrap();
     let mut config = app.config().server.clone();

@@ -20,5 +20,6 @@ mod credentials;
 mod hosts;
 mod load;
 mod paused;
+mod streams;
 mod tenancy;
 mod ui;

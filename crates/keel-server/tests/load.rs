@@ -417,6 +417,7 @@ async fn a_stream_that_reads_its_ended_run_still_sends_every_delta_first() {
         pending: Mutex::new(Vec::new()),
         openapi: OnceLock::new(),
         admissions: keel_server::state::Admissions::default(),
+        streams: std::sync::Arc::default(),
     });
     let store_id = "acme.thr_late";
     // Subscribed before the run, as a chat does; the run is then driven to its end with
@@ -434,19 +435,23 @@ async fn a_stream_that_reads_its_ended_run_still_sends_every_delta_first() {
         .await
         .unwrap();
 
+    let tenant = Tenant {
+        name: "acme".into(),
+        key_id: "key_test".into(),
+        key_sha256: String::new(),
+    };
+    let permit = keel_server::follow::open_stream(&state, &tenant).unwrap();
     let sse = event_stream(
         state,
         Follow {
-            tenant: Tenant {
-                name: "acme".into(),
-                key_id: "key_test".into(),
-            },
+            tenant,
             store_id: store_id.into(),
             client_id: "thr_late".into(),
             from_seq: 0,
             until: Until::Idle,
         },
         Some(subscription),
+        permit,
     );
     let body = tokio::time::timeout(
         DEADLINE,

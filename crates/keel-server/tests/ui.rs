@@ -507,3 +507,116 @@ async fn answering_a_question_from_the_ui_starts_the_next_run_on_a_worker() {
     );
     h.stop().await;
 }
+
+/// Sign-ins and every `/ui` page count against the tenant's requests-per-minute allowance,
+/// as `/v1` requests do (before, neither was limited: a browser tab, or a script posting
+/// the login form, got around `[server.limits]`). Another tenant is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_ins_and_pages_count_against_the_tenants_rate_limit() {
+    let h = Harness::start(
+        Backend::Sqlite,
+        json!({"turns": [{"text": "hello"}]}),
+        // Two a minute: one comes back every 30 s, far longer than this test's requests.
+        "[server.limits]\nrequests_per_minute = 2\n",
+    )
+    .await;
+    let alpha = h.key("alpha").await;
+    let beta = h.key("beta").await;
+    // One sign-in and one page use alpha's two requests.
+    let session = login(&h, &alpha).await;
+    assert_eq!(get(&h, "/ui/runs", Some(&session)).await.status, 200);
+    for limited in [
+        get(&h, "/ui/runs", Some(&session)).await,
+        post_form(&h, "/ui/login", None, &format!("key={alpha}")).await,
+    ] {
+        assert_eq!(limited.status, 429, "{}", limited.body);
+        assert!(
+            limited.body.contains("requests per minute"),
+            "{}",
+            limited.body
+        );
+    }
+    let retry_after = browser()
+        .get(h.url("/ui/runs"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry_after.status(), 429);
+    let seconds: u64 = retry_after.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=61).contains(&seconds), "{seconds}");
+    // The `/v1` allowance is the same one.
+    let (status, _, _) = h.send("GET", "/v1/threads", &alpha, None).await;
+    assert_eq!(status, 429);
+    // Beta's allowance is its own.
+    let beta_session = login(&h, &beta).await;
+    assert_eq!(get(&h, "/ui/runs", Some(&beta_session)).await.status, 200);
+    h.stop().await;
+}
+
+/// A run page's live stream ends when its session's key is revoked (before, it went on
+/// reading the log every 400 ms for as long as the run waited), and it takes one of the
+/// key's open-stream slots while open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_page_ends_when_its_key_is_revoked_and_counts_as_a_stream() {
+    let script = json!({"turns": [
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+        {"text": "42"}
+    ]});
+    let h = Harness::start(
+        Backend::Sqlite,
+        script,
+        "[server.limits]\nopen_streams_per_key = 1\n",
+    )
+    .await;
+    let created = keys::create(h.store.serving.as_ref(), "alpha", None)
+        .await
+        .unwrap();
+    let (thread, _, answer) = chat(&h, &created.key, "6*7?").await;
+    assert_eq!(answer["status"], "awaiting_approval", "{answer}");
+    let session = login(&h, &created.key).await;
+    let live_path = format!("/ui/runs/{thread}/live");
+    let mut live = tokio::time::timeout(
+        DEADLINE,
+        browser()
+            .get(h.url(&live_path))
+            .header("cookie", &session)
+            .send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(live.status(), 200);
+    // The key's one stream slot is taken: a second live page is refused.
+    let second = get(&h, &live_path, Some(&session)).await;
+    assert_eq!(second.status, 429, "{}", second.body);
+    assert!(
+        second.body.contains("open_streams_per_key"),
+        "{}",
+        second.body
+    );
+    assert!(
+        keys::revoke(h.store.serving.as_ref(), &created.info.key_id)
+            .await
+            .unwrap()
+    );
+    let mut seen = String::new();
+    let ended = tokio::time::timeout(DEADLINE, async {
+        while let Some(chunk) = live.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("event: done") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("the revoked key's live page went on");
+    assert!(ended, "{seen}");
+    assert!(seen.contains("signed out"), "{seen}");
+    h.stop().await;
+}

@@ -378,12 +378,22 @@ impl EventStore for PostgresStore {
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
-        let bodies: Vec<String> =
-            sqlx::query_scalar("SELECT body::text FROM events WHERE thread_id = $1 ORDER BY seq")
-                .bind(thread_id)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| backend("postgres load", e))?;
+        self.load_from(thread_id, 0).await
+    }
+
+    async fn load_from(&self, thread_id: &str, from_seq: u64) -> Result<Vec<Event>, StoreError> {
+        // Sequence numbers are BIGINT: one past i64::MAX matches nothing.
+        let Ok(from_seq) = i64::try_from(from_seq) else {
+            return Ok(Vec::new());
+        };
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body::text FROM events WHERE thread_id = $1 AND seq >= $2 ORDER BY seq",
+        )
+        .bind(thread_id)
+        .bind(from_seq)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| backend("postgres load", e))?;
         bodies
             .iter()
             .map(|body| parse_event(thread_id, body))

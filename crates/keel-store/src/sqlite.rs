@@ -437,6 +437,10 @@ impl EventStore for SqliteStore {
         self.reader.load(thread_id).await
     }
 
+    async fn load_from(&self, thread_id: &str, from_seq: u64) -> Result<Vec<Event>, StoreError> {
+        self.reader.load_from(thread_id, from_seq).await
+    }
+
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {
         // A running thread's summary row is not rewritten by every append (migration
         // `0004`): its count and time come from its last event; every other row is exact.

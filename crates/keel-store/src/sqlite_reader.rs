@@ -36,6 +36,19 @@ impl SqliteReader {
 
     /// All events of `thread_id` in order.
     pub(crate) async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
+        self.load_from(thread_id, 0).await
+    }
+
+    /// The thread's events from `from_seq` on.
+    pub(crate) async fn load_from(
+        &self,
+        thread_id: &str,
+        from_seq: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        // Sequence numbers are stored as INTEGER (i64): one past i64::MAX matches nothing.
+        let Ok(from_seq) = i64::try_from(from_seq) else {
+            return Ok(Vec::new());
+        };
         let thread = thread_id.to_string();
         let path = self.path.clone();
         let busy_timeout = self.busy_timeout;
@@ -45,7 +58,7 @@ impl SqliteReader {
                 Some(conn) => conn,
                 None => open(&path, busy_timeout)?,
             };
-            let events = load_on(&conn, &thread);
+            let events = load_on(&conn, &thread, from_seq);
             let mut idle = lock(&idle);
             if idle.len() < MAX_IDLE {
                 idle.push(conn);
@@ -84,11 +97,11 @@ fn open(path: &PathBuf, busy_timeout: Duration) -> Result<Connection, StoreError
     Ok(conn)
 }
 
-fn load_on(conn: &Connection, thread_id: &str) -> Result<Vec<Event>, StoreError> {
+fn load_on(conn: &Connection, thread_id: &str, from_seq: i64) -> Result<Vec<Event>, StoreError> {
     read_events(
         conn,
-        "SELECT seq, ts, run_id, body FROM events WHERE thread_id = ?1 ORDER BY seq",
-        [thread_id],
+        "SELECT seq, ts, run_id, body FROM events WHERE thread_id = ?1 AND seq >= ?2 ORDER BY seq",
+        rusqlite::params![thread_id, from_seq],
         thread_id,
     )
 }

@@ -124,6 +124,7 @@ macro_rules! queue_cases {
 
 event_cases!(
     round_trip,
+    load_from,
     conflict_on_wrong_seq,
     batch_atomicity,
     invalid_batch,
@@ -163,7 +164,7 @@ queue_cases!(
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {
-    assert_eq!(conformance::EVENT_CASES.len(), 21);
+    assert_eq!(conformance::EVENT_CASES.len(), 22);
     assert_eq!(conformance::QUEUE_CASES.len(), 11);
 }
 

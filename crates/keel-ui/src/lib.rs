@@ -44,6 +44,7 @@ pub use actions::{AppResumer, ModelHook, Resumer, cross_site_refusal, form};
 pub use csrf::{CsrfToken, DecidedBy};
 pub use error::UiError;
 pub use host::{AllowedHosts, guard_hosts};
+pub use live::{LiveGuard, MAX_LIFETIME as LIVE_MAX_LIFETIME};
 pub use source::{RunSource, Scope};
 
 /// What the UI serves: a scoped view of a store, how paused runs continue, where trace

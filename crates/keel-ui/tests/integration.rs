@@ -12,4 +12,5 @@
 mod browser;
 mod common;
 mod evals;
+mod live;
 mod pages;

@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 use super::runs::refuse_if_paused;
 use super::{ApiJson, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
-use crate::follow::{Follow, Settled, Until, event_stream, wait_settled};
+use crate::follow::{Follow, Settled, Until, event_stream, open_stream, wait_settled};
 use crate::jobs::{enqueue_new, recipe_for};
 use crate::state::{AppState, PendingJob, RunAdmission};
 use crate::tenancy::Tenant;
@@ -117,6 +117,11 @@ pub async fn chat(
         }
     };
     let admission = check_run_limits(&state, &tenant).await?;
+    // The stream's slot is taken before the run is queued: a refused stream queues nothing.
+    let permit = request
+        .stream
+        .then(|| open_stream(&state, &tenant))
+        .transpose()?;
     // Subscribed before the run is queued: a worker here may start it at once.
     let hub = request
         .stream
@@ -133,7 +138,7 @@ pub async fn chat(
     track(&state, &tenant, thread.id(), queued.job_id);
     drop(admission);
     let header = HeaderValue::from_str(&client_id).ok();
-    let mut response = if request.stream {
+    let mut response = if let Some(permit) = permit {
         event_stream(
             state.clone(),
             Follow {
@@ -144,6 +149,7 @@ pub async fn chat(
                 until: Until::Run(queued.submission),
             },
             hub,
+            permit,
         )
         .into_response()
     } else {

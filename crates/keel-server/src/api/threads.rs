@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::{ApiJson, ApiQuery, tenant_events};
 use crate::error::{ApiError, ErrorBody};
-use crate::follow::{Follow, Until, event_stream};
+use crate::follow::{Follow, Until, event_stream, open_stream};
 use crate::state::AppState;
 use crate::tenancy::Tenant;
 
@@ -334,6 +334,7 @@ pub async fn thread_events(
         None => query.after,
     };
     let (store_id, _) = tenant_events(&state, &tenant, &thread_id).await?;
+    let permit = open_stream(&state, &tenant)?;
     Ok(event_stream(
         state.clone(),
         Follow {
@@ -344,6 +345,7 @@ pub async fn thread_events(
             until: Until::Idle,
         },
         None,
+        permit,
     )
     .into_response())
 }

@@ -86,6 +86,40 @@ pub async fn round_trip(store: Arc<dyn EventStore>) -> R {
     )
 }
 
+/// `load_from` reads the tail of a log, whatever the batches it was written in: from the
+/// start, from the middle, from the last event, past the end, and of a missing thread.
+pub async fn load_from(store: Arc<dyn EventStore>) -> R {
+    const C: &str = "load_from";
+    let log = rich_log("t-tail");
+    let (first, second) = log.split_at(5);
+    store
+        .append("t-tail", 0, first)
+        .await
+        .map_err(backend(C, "append first batch"))?;
+    store
+        .append("t-tail", 5, second)
+        .await
+        .map_err(backend(C, "append second batch"))?;
+    let len = log.len() as u64;
+    for from in [0, 3, 5, len - 1, len, len + 7, u64::MAX] {
+        let tail = store
+            .load_from("t-tail", from)
+            .await
+            .map_err(backend(C, "load_from"))?;
+        let want: Vec<&Event> = log.iter().filter(|e| e.seq >= from).collect();
+        ensure_eq(C, "tail", tail.iter().collect::<Vec<_>>(), want)?;
+    }
+    ensure(
+        C,
+        store
+            .load_from("t-missing", 0)
+            .await
+            .map_err(backend(C, "load_from missing"))?
+            .is_empty(),
+        || "a missing thread must load as empty".into(),
+    )
+}
+
 /// A wrong `expected_next_seq` (behind or ahead) is a conflict naming the real length.
 pub async fn conflict_on_wrong_seq(store: Arc<dyn EventStore>) -> R {
     const C: &str = "conflict_on_wrong_seq";

@@ -20,8 +20,8 @@ use crate::queue::RunQueue;
 pub use events::{
     append_shared, append_with_sync, batch_atomicity, concurrent_appenders,
     concurrent_conflicts_isolated, conflict_on_wrong_seq, delete, empty_append, fork,
-    invalid_batch, invalid_batch_among_valid, list_threads, long_thread, purge, read_your_writes,
-    round_trip, same_thread_race,
+    invalid_batch, invalid_batch_among_valid, list_threads, load_from, long_thread, purge,
+    read_your_writes, round_trip, same_thread_race,
 };
 pub use queue::{
     queue_claims_exclude_other_drivers, queue_continuations_lease_first,
@@ -80,6 +80,7 @@ pub(crate) fn ensure_eq<T: PartialEq + std::fmt::Debug>(
 /// The event-store case names, in the order [`run_all`] runs them.
 pub const EVENT_CASES: &[&str] = &[
     "round_trip",
+    "load_from",
     "conflict_on_wrong_seq",
     "batch_atomicity",
     "invalid_batch",
@@ -109,6 +110,7 @@ pub async fn run_event_case(
 ) -> Result<(), ConformanceError> {
     match name {
         "round_trip" => round_trip(store).await,
+        "load_from" => load_from(store).await,
         "conflict_on_wrong_seq" => conflict_on_wrong_seq(store).await,
         "batch_atomicity" => batch_atomicity(store).await,
         "invalid_batch" => invalid_batch(store).await,
