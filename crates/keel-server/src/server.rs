@@ -299,9 +299,19 @@ fn build_router(state: &AppState, bound: Option<SocketAddr>) -> Router {
         .routes(routes!(system::readyz))
         .split_for_parts();
     api.merge(public_api);
+    let mut document = serde_json::to_value(&api).unwrap_or_default();
+    let offered: Vec<String> = state
+        .app
+        .config()
+        .agents
+        .keys()
+        .filter(|name| state.config.allows_agent(name))
+        .cloned()
+        .collect();
+    crate::api::contract::complete(&mut document, &offered);
     let _ = state
         .openapi
-        .set(api.to_pretty_json().unwrap_or_else(|_| "{}".into()));
+        .set(serde_json::to_string_pretty(&document).unwrap_or_else(|_| "{}".into()));
     let config = &state.config;
     let router = keyed
         .merge(public)

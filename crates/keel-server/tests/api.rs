@@ -212,7 +212,8 @@ async fn fork_and_delete_threads() {
             Some(json!({"at_seq": 999})),
         )
         .await;
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "no_such_event", "{body}");
     // A fork of a run's middle has that run in progress: deleting waits for a cancel.
     let (status, _, body) = h
         .send("DELETE", &format!("/v1/threads/{forked}"), &key, None)

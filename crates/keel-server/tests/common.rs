@@ -57,6 +57,12 @@ pub struct Harness {
 /// An agent `bot` with the calculator (each call needs approval) and `delay`, answered by
 /// the mock; `extra` adds keel.toml text (e.g. `[server.tenants.x]`).
 fn keel_toml(mock: &str, extra: &str, workers: usize) -> String {
+    // `extra` may set the timeout itself (its first lines are still in `[server]`).
+    let timeout = if extra.contains("request_timeout_ms") {
+        ""
+    } else {
+        "request_timeout_ms = 60000"
+    };
     format!(
         r#"
 [providers.openai]
@@ -72,7 +78,7 @@ calculator = "ask"
 
 [server]
 workers = {workers}
-request_timeout_ms = 60000
+{timeout}
 operators = ["ops"]
 {extra}
 "#

@@ -12,6 +12,7 @@
 )]
 
 mod common;
+mod contract;
 
 mod a2a;
 mod api;

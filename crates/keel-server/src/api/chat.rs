@@ -249,6 +249,19 @@ fn message_of(request: &ChatRequest) -> Result<String, ApiError> {
         }
         (Some(message), None) => message.clone(),
         (None, Some(messages)) => {
+            if messages.is_empty() {
+                return Err(ApiError::invalid(
+                    "messages: empty; send at least one {\"role\": \"user\", \"content\": \"...\"}",
+                ));
+            }
+            if let Some(index) = messages
+                .iter()
+                .position(|m| !super::contract::has_text(&m.content))
+            {
+                return Err(ApiError::invalid(format!(
+                    "messages[{index}].content is empty: send the user's text"
+                )));
+            }
             if let Some((index, bad)) = messages.iter().enumerate().find(|(_, m)| m.role != "user")
             {
                 return Err(ApiError::invalid(format!(
@@ -270,7 +283,7 @@ fn message_of(request: &ChatRequest) -> Result<String, ApiError> {
             ));
         }
     };
-    if text.trim().is_empty() {
+    if !super::contract::has_text(&text) {
         return Err(ApiError::invalid(
             "`message` is empty: send the user's text",
         ));

@@ -4,7 +4,7 @@
 //! 202); a job of another tenant is a 404 like one that does not exist.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use keel_store::{JobId, JobInfo, JobState};
@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::ApiPath;
 use crate::error::{ApiError, ErrorBody};
 use crate::state::AppState;
 use crate::tenancy::Tenant;
@@ -83,7 +84,7 @@ fn view(info: &JobInfo, thread_id: String) -> JobView {
 pub async fn get_job(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(job_id): Path<JobId>,
+    ApiPath(job_id): ApiPath<JobId>,
 ) -> Result<axum::Json<JobView>, ApiError> {
     let (info, client) = tenant_job(&state, &tenant, job_id).await?;
     Ok(axum::Json(view(&info, client)))
@@ -107,7 +108,7 @@ pub async fn get_job(
 pub async fn cancel_job(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(job_id): Path<JobId>,
+    ApiPath(job_id): ApiPath<JobId>,
 ) -> Result<Response, ApiError> {
     let (_, client) = tenant_job(&state, &tenant, job_id).await?;
     let cancelled = state

@@ -4,6 +4,7 @@
 //! shared lookups (a tenant's thread, a run's events).
 
 pub mod chat;
+pub mod contract;
 pub mod jobs;
 pub mod runs;
 pub mod system;
@@ -82,6 +83,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         } else {
             bytes
         };
+        // Every body is an object: serde would also read a struct from an array of its
+        // fields in order (`[]` as `{}`), which the schema does not allow.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::invalid(
+                "request body: expected a JSON object (see the schema in /openapi.json)",
+            ));
+        }
         serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
             ApiError::invalid(format!(
                 "request body: {e} (see the schema in /openapi.json)"
@@ -101,6 +109,22 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         axum::extract::Query::<T>::try_from_uri(&parts.uri)
             .map(|q| ApiQuery(q.0))
             .map_err(|e| ApiError::invalid(format!("query string: {}", e.body_text())))
+    }
+}
+
+/// Path parameters; a malformed one (a job id that is no integer, bytes that are not
+/// UTF-8) is a 400 with the API's JSON error, like every other bad input.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|e| ApiError::invalid(format!("path: {}", e.body_text())))
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use keel_app::recipe::Recipe;
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::chat::{check_run_limits, track};
-use super::{ApiJson, run_not_found, tenant_events, tenant_thread};
+use super::{ApiJson, ApiPath, run_not_found, tenant_events, tenant_thread};
 use crate::error::{ApiError, ErrorBody};
 use crate::jobs::{enqueue_continue, enqueue_new};
 use crate::outcome::{RunPosition, position, run_events, run_json};
@@ -43,7 +43,7 @@ use crate::tenancy::Tenant;
 pub async fn get_run(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path((thread_id, run_id)): Path<(String, String)>,
+    ApiPath((thread_id, run_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let (_, events) = tenant_events(&state, &tenant, &thread_id).await?;
     let own = run_events(&events, &run_id);
@@ -75,7 +75,7 @@ pub async fn get_run(
 pub async fn cancel_run(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path((thread_id, run_id)): Path<(String, String)>,
+    ApiPath((thread_id, run_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     request_cancel(&state, &tenant, &thread_id, &run_id).await?;
     Ok((
@@ -185,7 +185,7 @@ pub(crate) fn decided_by(key_id: &str, by: Option<&str>) -> String {
 pub async fn decide(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path((thread_id, call_id)): Path<(String, String)>,
+    ApiPath((thread_id, call_id)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<DecisionRequest>,
 ) -> Result<Response, ApiError> {
     let approve = match request.decision.as_str() {
@@ -256,10 +256,10 @@ pub struct ReplyRequest {
 pub async fn reply(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(thread_id): Path<String>,
+    ApiPath(thread_id): ApiPath<String>,
     ApiJson(request): ApiJson<ReplyRequest>,
 ) -> Result<Response, ApiError> {
-    if request.answer.trim().is_empty() {
+    if !super::contract::has_text(&request.answer) {
         return Err(ApiError::invalid("answer: empty; send the user's answer"));
     }
     let mut thread = tenant_thread(&state, &tenant, &thread_id).await?;

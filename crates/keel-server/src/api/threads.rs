@@ -2,7 +2,7 @@
 //! as Server-Sent Events from where a client left off (`Last-Event-ID`).
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use keel_app::threads::{parse_since, parse_status, status_name};
@@ -12,17 +12,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{ApiJson, ApiQuery, tenant_events};
+use super::{ApiJson, ApiPath, ApiQuery, tenant_events};
 use crate::error::{ApiError, ErrorBody};
 use crate::follow::{Follow, Until, event_stream, open_stream};
 use crate::state::AppState;
 use crate::tenancy::Tenant;
 
 /// Most threads one list returns.
-const MAX_LIMIT: usize = 500;
+pub(crate) const MAX_LIMIT: usize = 500;
 
 /// Filters of `GET /v1/threads`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// `running`, `awaiting_approval`, `awaiting_user` or an end state (`done`, `failed`, …).
@@ -93,6 +94,17 @@ pub async fn list_threads(
         .map(parse_status)
         .transpose()
         .map_err(|e| ApiError::invalid(format!("status: {e}")))?;
+    // An RFC 3339 time, or an age by the document's own pattern (parse_since alone takes
+    // more than the document says: the two must agree).
+    if let Some(since) = query.since.as_deref()
+        && chrono::DateTime::parse_from_rfc3339(since).is_err()
+        && !super::contract::is_age(since)
+    {
+        return Err(ApiError::invalid(format!(
+            "since: {since:?}: give an RFC 3339 time or an age like 30s, 15m, 2h, 7d (at most \
+             six digits)"
+        )));
+    }
     let since = query
         .since
         .as_deref()
@@ -142,7 +154,7 @@ pub async fn list_threads(
 pub async fn get_thread(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(thread_id): Path<String>,
+    ApiPath(thread_id): ApiPath<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let (store_id, events) = tenant_events(&state, &tenant, &thread_id).await?;
     let summary = ThreadSummary::from_events(&store_id, &events)
@@ -179,7 +191,7 @@ pub async fn get_thread(
 pub async fn delete_thread(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(thread_id): Path<String>,
+    ApiPath(thread_id): ApiPath<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let (store_id, events) = tenant_events(&state, &tenant, &thread_id).await?;
     if ThreadSummary::from_events(&store_id, &events)
@@ -256,16 +268,18 @@ pub struct ForkRequest {
 pub async fn fork_thread(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(thread_id): Path<String>,
+    ApiPath(thread_id): ApiPath<String>,
     ApiJson(request): ApiJson<ForkRequest>,
 ) -> Result<Response, ApiError> {
     let (store_id, events) = tenant_events(&state, &tenant, &thread_id).await?;
     let last = events.last().map_or(0, |e| e.seq);
     let at_seq = request.at_seq.unwrap_or(last);
     if at_seq > last {
-        return Err(ApiError::invalid(format!(
-            "at_seq: {at_seq} is past the thread's last event ({last})"
-        )));
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_such_event",
+            format!("at_seq: thread {thread_id} has no event {at_seq} (its last is {last})"),
+        ));
     }
     let (client, target) = tenant.new_thread();
     let copied = state
@@ -287,6 +301,7 @@ pub async fn fork_thread(
 
 /// `GET /v1/threads/{thread_id}/events`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     /// Send events after this sequence number (the `Last-Event-ID` header wins).
@@ -314,7 +329,7 @@ pub struct EventsQuery {
 pub async fn thread_events(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
-    Path(thread_id): Path<String>,
+    ApiPath(thread_id): ApiPath<String>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
@@ -323,7 +338,8 @@ pub async fn thread_events(
             value
                 .to_str()
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|v| super::contract::is_seq(v))
+                .and_then(|v| v.parse::<u64>().ok())
                 .ok_or_else(|| {
                     ApiError::invalid(
                         "Last-Event-ID: expected the sequence number of the last event \
@@ -331,7 +347,15 @@ pub async fn thread_events(
                     )
                 })?,
         ),
-        None => query.after,
+        None => match query.after {
+            Some(after) if i64::try_from(after).is_err() => {
+                return Err(ApiError::invalid(format!(
+                    "after: {after} is past the largest sequence number ({})",
+                    i64::MAX
+                )));
+            }
+            after => after,
+        },
     };
     let (store_id, _) = tenant_events(&state, &tenant, &thread_id).await?;
     let permit = open_stream(&state, &tenant)?;
