@@ -30,6 +30,7 @@ mod resume_failed;
 mod resume_recorded;
 mod run_cli;
 mod second_driver;
+mod serve_flood;
 mod serve_shutdown;
 mod serve_worker_credentials;
 mod serving_guards;
