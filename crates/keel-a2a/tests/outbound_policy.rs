@@ -8,16 +8,19 @@
     clippy::indexing_slicing
 )]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::http::Uri;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::IntoResponse;
 use axum::routing::any;
+use keel_a2a::client::Auth;
 use keel_a2a::{A2aClient, ClientError, ClientOptions, Message};
-use keel_outbound::{AddressClass, Lookup, OutboundPolicy};
+use keel_outbound::{AddressClass, Lookup, OutboundPolicy, RedirectPolicy};
 use serde_json::json;
 
-use crate::common::{DEADLINE, serve};
+use crate::common::{DEADLINE, env_of, serve};
 
 fn card(interface: &str) -> serde_json::Value {
     json!({
@@ -107,6 +110,70 @@ async fn a_trusted_interface_origin_is_called_unless_its_address_is_refused() {
         .trusting_origins(["http://169.254.169.254"])
         .unwrap();
     match client.send(&Message::user("hello"), true).await {
+        Err(ClientError::Refused(refused)) => assert_eq!(refused.class, AddressClass::Metadata),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redirects_any_no_credential_crosses_origins_and_addresses_are_still_checked() {
+    // The other origin records the credential headers it receives.
+    type Credentials = (Option<String>, Option<String>);
+    let seen: Arc<Mutex<Vec<Credentials>>> = Arc::default();
+    let log = seen.clone();
+    let other = serve(move |base| {
+        let interface = format!("{base}/rpc");
+        Router::new().fallback(any(move |headers: HeaderMap| {
+            let header = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            };
+            log.lock()
+                .unwrap()
+                .push((header("x-api-key"), header("authorization")));
+            let interface = interface.clone();
+            async move { axum::Json(card(&interface)) }
+        }))
+    })
+    .await;
+    let redirecting = |target: String| async move {
+        serve(move |_| {
+            Router::new().fallback(any(move || {
+                let target = target.clone();
+                async move { (StatusCode::FOUND, [("location", target)]).into_response() }
+            }))
+        })
+        .await
+    };
+    let options = ClientOptions {
+        timeout: DEADLINE,
+        auth: Auth {
+            bearer_env: Some("TOKEN".into()),
+            headers: BTreeMap::from([("X-Api-Key".to_string(), "KEY".to_string())]),
+        },
+        env: env_of(&[("TOKEN", "tok-123456789"), ("KEY", "key-123456789")]),
+        ..ClientOptions::default()
+    };
+    let first = redirecting(format!("{other}/.well-known/agent-card.json")).await;
+    let client = A2aClient::new(&first, options.clone())
+        .unwrap()
+        .with_redirects(RedirectPolicy::Any);
+    // The hop to the other origin carried no credential; the card it answered names an
+    // interface on that origin, not the configured one, so nothing more is sent.
+    let error = client.card().await.unwrap_err();
+    assert!(
+        matches!(error, ClientError::OtherOrigin { .. }),
+        "{error:?}"
+    );
+    assert_eq!(seen.lock().unwrap().as_slice(), [(None, None)]);
+
+    let first = redirecting("http://169.254.169.254/latest/meta-data/".into()).await;
+    let client = A2aClient::new(&first, options)
+        .unwrap()
+        .with_redirects(RedirectPolicy::Any);
+    match client.card().await {
         Err(ClientError::Refused(refused)) => assert_eq!(refused.class, AddressClass::Metadata),
         other => panic!("expected a refusal, got {other:?}"),
     }
