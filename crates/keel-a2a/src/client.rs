@@ -5,7 +5,20 @@
 //! two events of a stream). Credentials come from environment variables named in
 //! [`Auth`], looked up at each request (never stored in configuration), and are sent as
 //! sensitive headers that never appear in errors.
+//!
+//! Outbound calls follow keel-outbound's policy ([`A2aClient::with_outbound`]): only
+//! public addresses, plus the host of the agent's own URL (the operator configured it)
+//! and what the policy allows; names are checked on the addresses they resolve to.
+//! Credentials go only to the origin of the card's URL: redirects are followed hop by hop,
+//! same origin only by default ([`A2aClient::with_redirects`]; with `any`, no credential
+//! travels on a hop to another origin), and a card naming its interface on another origin
+//! is refused unless that origin is trusted ([`A2aClient::trusting_origins`]). Error bodies
+//! and remote error messages are capped and redacted ([`keel_outbound::excerpt`]) before
+//! they reach an error.
 
+use keel_outbound::excerpt::{error_excerpt, error_text};
+use keel_outbound::redirect::{self, RedirectPolicy};
+use keel_outbound::{OutboundPolicy, Refused, refusal_of};
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,8 +35,6 @@ use crate::sse::SseDecoder;
 use crate::types::{Message, SendResult, StreamEvent, Task};
 use crate::version::{Method, ProtocolVersion, VERSION_HEADER};
 
-/// Longest error body kept in an error, in characters.
-const ERROR_BODY_CHARS: usize = 2_000;
 /// Longest response body read, in bytes.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
@@ -115,18 +126,23 @@ pub enum ClientError {
     /// Cancelled by the caller.
     #[error("cancelled")]
     Cancelled,
+    /// The outbound policy refused the address (nothing was sent to it).
+    #[error("{0}")]
+    Refused(Refused),
+    /// A redirect or interface URL would take the request (and its credentials) to
+    /// another origin; nothing was sent there.
+    #[error("{message}")]
+    OtherOrigin {
+        /// What happened and how to allow it.
+        message: String,
+    },
 }
 
-fn shared_http() -> Result<reqwest::Client, ClientError> {
-    static CLIENT: std::sync::LazyLock<Result<reqwest::Client, String>> =
-        std::sync::LazyLock::new(|| {
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .redirect(reqwest::redirect::Policy::limited(5))
-                .build()
-                .map_err(|e| e.to_string())
-        });
-    CLIENT.clone().map_err(ClientError::Transport)
+/// The HTTP client of `policy` (shared by clients with an equal policy). Redirects are
+/// not followed by it: [`A2aClient`] follows them itself.
+fn http_client(policy: &OutboundPolicy) -> Result<reqwest::Client, ClientError> {
+    keel_outbound::resolve::shared_client(policy, Duration::from_secs(10))
+        .map_err(ClientError::Transport)
 }
 
 /// The card URL for an agent URL: the URL itself when it names a `.json` file, else
@@ -149,6 +165,12 @@ pub struct A2aClient {
     card_url: String,
     options: ClientOptions,
     http: reqwest::Client,
+    /// Which non-public addresses the client may reach.
+    policy: OutboundPolicy,
+    /// Which redirects are followed.
+    redirects: RedirectPolicy,
+    /// Origins besides the card's that its interface may be on.
+    trusted: Vec<url::Origin>,
     resolved: Arc<tokio::sync::OnceCell<(AgentCard, Endpoint)>>,
 }
 
@@ -164,12 +186,73 @@ impl A2aClient {
                 parsed.scheme()
             )));
         }
+        let policy = OutboundPolicy::default().allowing_destination(agent_url);
         Ok(Self {
             card_url: card_url(agent_url),
             options,
-            http: shared_http()?,
+            http: http_client(&policy)?,
+            policy,
+            redirects: RedirectPolicy::SameOrigin,
+            trusted: Vec::new(),
             resolved: Arc::new(tokio::sync::OnceCell::new()),
         })
+    }
+
+    /// Calls under `policy` instead of the default (public addresses and the host of the
+    /// agent's URL). The policy is used as given: to keep the agent's own host reachable
+    /// when it is not public, include it ([`OutboundPolicy::allowing_destination`]).
+    pub fn with_outbound(mut self, policy: OutboundPolicy) -> Result<Self, ClientError> {
+        self.http = http_client(&policy)?;
+        self.policy = policy;
+        self.resolved = Arc::new(tokio::sync::OnceCell::new());
+        Ok(self)
+    }
+
+    /// Follows redirects by `redirects` (default: same origin only). With
+    /// [`RedirectPolicy::Any`], the credentials stay behind from the first hop to another
+    /// origin on.
+    #[must_use]
+    pub fn with_redirects(mut self, redirects: RedirectPolicy) -> Self {
+        self.redirects = redirects;
+        self
+    }
+
+    /// Trusts `origins` (`https://rpc.example`) as places the card may name for its
+    /// interface, besides the card's own origin; the credentials are sent there. An entry
+    /// that is not an http(s) origin is refused, naming it.
+    pub fn trusting_origins(
+        mut self,
+        origins: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<Self, ClientError> {
+        for origin in origins {
+            let text = origin.as_ref();
+            let parsed = url::Url::parse(text)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+                .ok_or_else(|| {
+                    ClientError::Config(format!(
+                        "`{text}` is not an origin; write it as https://host[:port]"
+                    ))
+                })?;
+            self.trusted.push(parsed.origin());
+        }
+        self.resolved = Arc::new(tokio::sync::OnceCell::new());
+        Ok(self)
+    }
+
+    /// The same client with credentials looked up through `env` (the card is fetched
+    /// again, with them).
+    #[must_use]
+    pub fn with_env(&self, env: EnvLookup) -> Self {
+        let mut client = self.clone();
+        client.options.env = env;
+        client.resolved = Arc::new(tokio::sync::OnceCell::new());
+        client
+    }
+
+    /// The outbound policy the client calls under.
+    pub fn outbound(&self) -> &OutboundPolicy {
+        &self.policy
     }
 
     /// Where the card is fetched from.
@@ -220,6 +303,130 @@ impl A2aClient {
         Ok(headers)
     }
 
+    /// The credential values the client sends (to redact from anything shown).
+    fn secrets(&self) -> Vec<String> {
+        let env = &self.options.env;
+        self.options
+            .auth
+            .bearer_env
+            .iter()
+            .chain(self.options.auth.headers.values())
+            .filter_map(|var| env(var))
+            .filter(|value| !value.is_empty())
+            .collect()
+    }
+
+    /// Sends one request, following redirects as [`with_redirects`](Self::with_redirects)
+    /// allows: every hop's URL is checked against the outbound policy before it is sent,
+    /// and the credentials go only to the first URL's origin.
+    async fn send_hops(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: Option<Vec<u8>>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let credentials = self.auth_headers()?;
+        let original = url::Url::parse(url)
+            .map_err(|e| ClientError::Config(format!("`{url}` is not a URL: {e}")))?;
+        let mut url = original.clone();
+        let mut method = method;
+        let mut body = body;
+        let mut own_origin = true;
+        for _ in 0..=redirect::MAX_REDIRECTS {
+            self.policy
+                .check_url(&url)
+                .await
+                .map_err(ClientError::Refused)?;
+            let mut builder = self
+                .http
+                .request(method.clone(), url.clone())
+                .headers(headers.clone());
+            if own_origin {
+                builder = builder.headers(credentials.clone());
+            }
+            if let Some(body) = &body {
+                builder = builder.body(body.clone());
+            }
+            let response = builder.send().await.map_err(|e| transport(&e))?;
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|value| value.to_str().ok());
+            let hop = match redirect::next_hop(
+                self.redirects,
+                &original,
+                &url,
+                response.status(),
+                location,
+            ) {
+                None => return Ok(response),
+                Some(Ok(hop)) => hop,
+                Some(Err(refusal)) => {
+                    let from = shown_url(&url);
+                    let status = response.status().as_u16();
+                    let message = match refusal {
+                        redirect::Refusal::OtherOrigin(to) => format!(
+                            "{from} redirected (HTTP {status}) to {}, another origin; redirects \
+                             to other origins are not followed, so the agent's credentials \
+                             cannot leak: configure the agent's final URL",
+                            shown_url(&to)
+                        ),
+                        redirect::Refusal::NotAllowed => {
+                            format!("{from} redirected (HTTP {status}); redirects are not followed")
+                        }
+                        redirect::Refusal::BadLocation(_) => format!(
+                            "{from} redirected (HTTP {status}) to a location that is not an \
+                             http(s) URL"
+                        ),
+                    };
+                    return Err(ClientError::OtherOrigin { message });
+                }
+            };
+            if hop.becomes_get && method != reqwest::Method::GET {
+                method = reqwest::Method::GET;
+                body = None;
+            }
+            own_origin &= !hop.cross_origin;
+            url = hop.url;
+        }
+        Err(ClientError::Protocol(format!(
+            "more than {} redirects starting at {}",
+            redirect::MAX_REDIRECTS,
+            shown_url(&original)
+        )))
+    }
+
+    /// Refuses an interface URL on another origin than the card's, unless trusted.
+    fn check_interface(&self, endpoint: &Endpoint) -> Result<(), ClientError> {
+        let card = url::Url::parse(&self.card_url)
+            .map_err(|e| ClientError::Config(format!("A2A agent URL is not a URL: {e}")))?;
+        let interface = url::Url::parse(&endpoint.url).map_err(|e| {
+            ClientError::Protocol(format!("the card's interface URL is not a URL: {e}"))
+        })?;
+        if !matches!(interface.scheme(), "http" | "https") {
+            return Err(ClientError::Protocol(format!(
+                "the card's interface URL must be http:// or https://, not {}://",
+                interface.scheme()
+            )));
+        }
+        let origin = interface.origin();
+        if origin == card.origin() || self.trusted.contains(&origin) {
+            return Ok(());
+        }
+        Err(ClientError::OtherOrigin {
+            message: format!(
+                "the agent card at {} names its JSON-RPC interface at {}, another origin; \
+                 the agent's credentials are sent only to the card's origin, so nothing was \
+                 sent there: add \"{}\" to the agent's `interface_origins` in keel.toml if \
+                 that origin belongs to the agent",
+                shown_url(&card),
+                shown_url(&interface),
+                origin.ascii_serialization()
+            ),
+        })
+    }
+
     async fn timed<T>(
         &self,
         what: &str,
@@ -258,6 +465,7 @@ impl A2aClient {
                 if let Some(version) = self.options.force_version {
                     endpoint.version = version;
                 }
+                self.check_interface(&endpoint)?;
                 Ok((card, endpoint))
             })
             .await
@@ -265,49 +473,51 @@ impl A2aClient {
     }
 
     async fn fetch_card(&self) -> Result<AgentCard, ClientError> {
-        let headers = self.auth_headers()?;
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let secrets = self.secrets();
         self.timed("the agent card request", async {
             let response = self
-                .http
-                .get(&self.card_url)
-                .headers(headers)
-                .header(ACCEPT, "application/json")
-                .send()
-                .await
-                .map_err(|e| transport(&e))?;
-            let value = read_json(response).await?;
+                .send_hops(reqwest::Method::GET, &self.card_url, headers, None)
+                .await?;
+            let value = read_json(response, &secrets).await?;
             serde_json::from_value::<AgentCard>(value)
                 .map_err(|e| ClientError::Protocol(format!("agent card: {e}")))
         })
         .await
     }
 
-    fn request(
+    /// Sends one JSON-RPC request to `endpoint` (following redirects as allowed).
+    async fn request(
         &self,
         endpoint: &Endpoint,
         method: Method,
         params: Value,
         stream: bool,
-    ) -> Result<reqwest::RequestBuilder, ClientError> {
+    ) -> Result<reqwest::Response, ClientError> {
         let body = RpcRequest::new(method.name(endpoint.version), params);
-        let mut builder = self
-            .http
-            .post(&endpoint.url)
-            .headers(self.auth_headers()?)
-            .header(CONTENT_TYPE, "application/json")
-            .header(
-                ACCEPT,
-                if stream {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                },
-            )
-            .body(serde_json::to_vec(&body).unwrap_or_default());
-        if endpoint.version == ProtocolVersion::V1_0 {
-            builder = builder.header(VERSION_HEADER, endpoint.version.as_str());
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static(if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            }),
+        );
+        if endpoint.version == ProtocolVersion::V1_0
+            && let Ok(version) = HeaderValue::from_str(endpoint.version.as_str())
+        {
+            headers.insert(VERSION_HEADER, version);
         }
-        Ok(builder)
+        self.send_hops(
+            reqwest::Method::POST,
+            &endpoint.url,
+            headers,
+            Some(serde_json::to_vec(&body).unwrap_or_default()),
+        )
+        .await
     }
 
     fn add_tenant(endpoint: &Endpoint, mut params: Value) -> Value {
@@ -322,14 +532,16 @@ impl A2aClient {
     async fn call(&self, method: Method, params: Value) -> Result<Value, ClientError> {
         let endpoint = self.endpoint().await?;
         let params = Self::add_tenant(&endpoint, params);
-        let request = self.request(&endpoint, method, params, false)?;
         let what = format!("`{}`", method.name(endpoint.version));
+        let secrets = self.secrets();
         self.timed(&what, async {
-            let response = request.send().await.map_err(|e| transport(&e))?;
-            let value = read_json(response).await?;
+            let response = self.request(&endpoint, method, params, false).await?;
+            let value = read_json(response, &secrets).await?;
             let response: RpcResponse = serde_json::from_value(value)
                 .map_err(|e| ClientError::Protocol(format!("JSON-RPC response: {e}")))?;
-            response.into_result().map_err(ClientError::Rpc)
+            response
+                .into_result()
+                .map_err(|error| ClientError::Rpc(shown_rpc(error, &secrets)))
         })
         .await
     }
@@ -386,11 +598,12 @@ impl A2aClient {
         method: Method,
         params: Value,
     ) -> Result<BoxStream<'static, Result<StreamEvent, ClientError>>, ClientError> {
-        let request = self.request(endpoint, method, params, true)?;
+        let secrets = self.secrets();
         let response = self
-            .timed("the stream request", async {
-                request.send().await.map_err(|e| transport(&e))
-            })
+            .timed(
+                "the stream request",
+                self.request(endpoint, method, params, true),
+            )
             .await?;
         let status = response.status();
         let is_sse = response
@@ -401,12 +614,12 @@ impl A2aClient {
         if !status.is_success() || !is_sse {
             // An error answered as plain JSON-RPC (or HTTP).
             let value = self
-                .timed("the stream request", read_json(response))
+                .timed("the stream request", read_json(response, &secrets))
                 .await?;
             let response: RpcResponse = serde_json::from_value(value)
                 .map_err(|e| ClientError::Protocol(format!("JSON-RPC response: {e}")))?;
             return Err(match response.into_result() {
-                Err(error) => ClientError::Rpc(error),
+                Err(error) => ClientError::Rpc(shown_rpc(error, &secrets)),
                 Ok(_) => ClientError::Protocol(
                     "asked for an event stream, the agent answered plain JSON".into(),
                 ),
@@ -419,11 +632,12 @@ impl A2aClient {
             decoder: SseDecoder::new(),
             pending: VecDeque::new(),
             done: false,
+            secrets,
         };
         let stream = futures::stream::unfold(state, move |mut state| async move {
             loop {
                 if let Some(data) = state.pending.pop_front() {
-                    return Some((decode_event(&data), state));
+                    return Some((decode_event(&data, &state.secrets), state));
                 }
                 if state.done {
                     return None;
@@ -488,16 +702,40 @@ struct StreamState {
     decoder: SseDecoder,
     pending: VecDeque<String>,
     done: bool,
+    /// Credential values to redact from remote error messages.
+    secrets: Vec<String>,
 }
 
-fn decode_event(data: &str) -> Result<StreamEvent, ClientError> {
+/// A URL as errors show it: without query, fragment and userinfo.
+fn shown_url(url: &url::Url) -> String {
+    let mut url = url.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    // Both only fail for URLs that cannot have credentials, which then have none.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
+}
+
+/// A remote JSON-RPC error as it may be shown: its message capped and redacted.
+fn shown_rpc(mut error: RpcError, secrets: &[String]) -> RpcError {
+    error.message = error_text(&error.message, secrets);
+    error
+}
+
+fn decode_event(data: &str, secrets: &[String]) -> Result<StreamEvent, ClientError> {
     let response: RpcResponse = serde_json::from_str(data)
         .map_err(|e| ClientError::Protocol(format!("stream event: {e}")))?;
-    let result = response.into_result().map_err(ClientError::Rpc)?;
+    let result = response
+        .into_result()
+        .map_err(|error| ClientError::Rpc(shown_rpc(error, secrets)))?;
     StreamEvent::from_value(result).map_err(ClientError::Protocol)
 }
 
 fn transport(error: &reqwest::Error) -> ClientError {
+    if let Some(refused) = refusal_of(error) {
+        return ClientError::Refused(refused);
+    }
     if error.is_timeout() {
         return ClientError::Timeout {
             what: "the request".into(),
@@ -520,7 +758,7 @@ fn transport(error: &reqwest::Error) -> ClientError {
     ClientError::Transport(format!("{kind}: {source}"))
 }
 
-async fn read_json(response: reqwest::Response) -> Result<Value, ClientError> {
+async fn read_json(response: reqwest::Response, secrets: &[String]) -> Result<Value, ClientError> {
     let status = response.status();
     let retry_after_ms = response
         .headers()
@@ -545,21 +783,17 @@ async fn read_json(response: reqwest::Response) -> Result<Value, ClientError> {
             error: Some(error), ..
         }) = serde_json::from_slice::<RpcResponse>(&body)
         {
-            return Err(ClientError::Rpc(error));
+            return Err(ClientError::Rpc(shown_rpc(error, secrets)));
         }
-        let text = String::from_utf8_lossy(&body);
         return Err(ClientError::Http {
             status: status.as_u16(),
-            body: text.chars().take(ERROR_BODY_CHARS).collect(),
+            body: error_excerpt(&body, secrets),
             retry_after_ms,
         });
     }
     serde_json::from_slice(&body).map_err(|e| {
-        let text = String::from_utf8_lossy(&body);
-        ClientError::Protocol(format!(
-            "not JSON ({e}): {}",
-            text.chars().take(200).collect::<String>()
-        ))
+        let head = body.get(..200).unwrap_or(&body);
+        ClientError::Protocol(format!("not JSON ({e}): {}", error_excerpt(head, secrets)))
     })
 }
 

@@ -52,6 +52,12 @@ pub struct RemoteAgent {
     pub timeout: Duration,
     /// Where credentials are looked up.
     pub env: EnvLookup,
+    /// The outbound policy of its calls; `None`: public addresses and the host of `url`
+    /// (see [`A2aClient::with_outbound`]).
+    pub outbound: Option<keel_outbound::OutboundPolicy>,
+    /// Origins besides its card's that the card may name for its interface (the
+    /// credentials are sent there); see [`A2aClient::trusting_origins`].
+    pub interface_origins: Vec<String>,
 }
 
 impl std::fmt::Debug for RemoteAgent {
@@ -61,6 +67,8 @@ impl std::fmt::Debug for RemoteAgent {
             .field("url", &self.url)
             .field("auth", &self.auth)
             .field("timeout", &self.timeout)
+            .field("outbound", &self.outbound)
+            .field("interface_origins", &self.interface_origins)
             .finish_non_exhaustive()
     }
 }
@@ -75,6 +83,8 @@ impl RemoteAgent {
             auth: Auth::default(),
             timeout: Duration::from_secs(120),
             env: process_env(),
+            outbound: None,
+            interface_origins: Vec::new(),
         }
     }
 }
@@ -240,7 +250,12 @@ impl A2aTool {
                 env: Arc::clone(&agent.env),
                 force_version: None,
             },
-        )?;
+        )?
+        .trusting_origins(&agent.interface_origins)?;
+        let client = match &agent.outbound {
+            Some(policy) => client.with_outbound(policy.clone())?,
+            None => client,
+        };
         Ok(Self { agent, client })
     }
 
@@ -289,9 +304,7 @@ impl A2aTool {
         let fallback = Arc::clone(&self.agent.env);
         let env: EnvLookup =
             Arc::new(move |var: &str| given.get(var).cloned().or_else(|| fallback(var)));
-        let mut options = self.client.options().clone();
-        options.env = env;
-        A2aClient::new(&self.agent.url, options).map_err(|e| tool_error(name, &e))
+        Ok(self.client.with_env(env))
     }
 
     /// Follows the remote task to its end (or pause): streaming when the card says the
@@ -500,6 +513,11 @@ pub fn tool_error(name: &str, error: &ClientError) -> ToolError {
         ClientError::Protocol(_) => ToolError::new(ToolErrorCode::ToolBug, message),
         ClientError::Config(_) => ToolError::new(ToolErrorCode::Unauthorized, message),
         ClientError::Cancelled => ToolError::new(ToolErrorCode::Cancelled, message),
+        ClientError::Refused(refused) => {
+            ToolError::new(ToolErrorCode::Forbidden, message).with_details(refused.details())
+        }
+        ClientError::OtherOrigin { .. } => ToolError::new(ToolErrorCode::Forbidden, message)
+            .with_details(json!({ "error": "other_origin_refused" })),
     }
 }
 

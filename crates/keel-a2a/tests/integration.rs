@@ -2,6 +2,8 @@
 //! module of this crate. A new test file needs a `mod` line here.
 mod common;
 mod keel_router;
+mod outbound;
+mod outbound_policy;
 mod python_client;
 mod python_peer;
 mod turn;

@@ -75,7 +75,6 @@ pub struct A2aAgent {
     name: String,
     description: String,
     remote: String,
-    url: String,
     options: ClientOptions,
     client: A2aClient,
     timeout: Duration,
@@ -127,7 +126,6 @@ impl A2aAgent {
             name: name.into(),
             description: String::new(),
             remote: remote.into(),
-            url,
             timeout: options.timeout,
             options,
             client,
@@ -140,6 +138,20 @@ impl A2aAgent {
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = description.into();
         self
+    }
+
+    /// Calls the remote agent under `policy`, trusting `interface_origins` for its card's
+    /// interface (see [`A2aClient::with_outbound`], [`A2aClient::trusting_origins`]).
+    pub fn outbound(
+        mut self,
+        policy: keel_outbound::OutboundPolicy,
+        interface_origins: &[String],
+    ) -> Result<Self, ClientError> {
+        self.client = self
+            .client
+            .with_outbound(policy)?
+            .trusting_origins(interface_origins)?;
+        Ok(self)
     }
 
     /// How the application rebuilds the agent, recorded in each run's `run_started`.
@@ -205,13 +217,13 @@ impl A2aAgent {
         };
         let fallback = Arc::clone(&self.options.env);
         let remote = self.remote.clone();
-        let mut options = self.options.clone();
-        options.env = Arc::new(move |var: &str| match credentials.lookup(&remote, var) {
-            CredentialLookup::Found(secret) => Some(secret),
-            CredentialLookup::Missing { .. } => None,
-            CredentialLookup::Unmanaged => fallback(var),
-        });
-        A2aClient::new(&self.url, options).unwrap_or_else(|_| self.client.clone())
+        self.client.with_env(Arc::new(move |var: &str| {
+            match credentials.lookup(&remote, var) {
+                CredentialLookup::Found(secret) => Some(secret),
+                CredentialLookup::Missing { .. } => None,
+                CredentialLookup::Unmanaged => fallback(var),
+            }
+        }))
     }
 
     /// Why the run's credential source cannot give this agent's credentials (a server's
@@ -897,7 +909,9 @@ impl App {
             env,
             force_version: None,
         };
+        let policy = policy_of(&self.outbound_policy_or_public(), entry);
         let mut agent = A2aAgent::new(name.clone(), &entry.name, &entry.url, options)
+            .and_then(|agent| agent.outbound(policy, &entry.interface_origins))
             .map_err(|e| {
                 resolved.error(
                     DiagnosticCode::InvalidValue,
@@ -955,4 +969,18 @@ pub(crate) fn refers_to_a2a(app: &App, reference: Option<&AgentRef>) -> bool {
     reference
         .and_then(|r| Resolved::load(app.loaded(), r).ok())
         .is_some_and(|r| is_a2a(&r))
+}
+
+/// The outbound policy of an `[[a2a.agents]]` entry: `base` (`[outbound] allow_private`)
+/// with the hosts its `url` and `interface_origins` name, which keel.toml configured.
+pub(crate) fn policy_of(
+    base: &keel_outbound::OutboundPolicy,
+    entry: &keel_config::A2aAgentConfig,
+) -> keel_outbound::OutboundPolicy {
+    entry
+        .interface_origins
+        .iter()
+        .fold(base.allowing_destination(&entry.url), |policy, origin| {
+            policy.allowing_destination(origin)
+        })
 }

@@ -264,7 +264,14 @@ pub(crate) async fn agent_builder(
                     if undeclared.iter().any(|u| u.0 == index) {
                         continue;
                     }
-                    match keel_tools::HttpTool::with_env(config.as_ref().clone(), &declared) {
+                    let built = keel_tools::HttpTool::with_env(config.as_ref().clone(), &declared)
+                        .and_then(|tool| {
+                            let policy = app
+                                .outbound_policy_or_public()
+                                .allowing_destination(tool.url_template());
+                            tool.with_outbound(policy)
+                        });
+                    match built {
                         Ok(tool) => Arc::new(tool.with_call_env(Arc::clone(&app.env))),
                         Err(e) => {
                             problems.add(

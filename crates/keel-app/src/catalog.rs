@@ -69,9 +69,17 @@ pub(crate) fn build(
         }
     }
     let mut defaults: Vec<String> = config.tools.builtin.clone().unwrap_or_default();
+    let outbound = config
+        .outbound
+        .policy()
+        .map_err(|e| tool_error("keel.toml [outbound]".into(), e.to_string()))?;
     for (index, declared) in config.tools.http.iter().enumerate() {
         let at = format!("keel.toml tools.http[{index}] `{}`", declared.name);
         let tool = keel_tools::HttpTool::new(declared.clone())
+            .map_err(|e| tool_error(at.clone(), e.to_string()))?;
+        let policy = outbound.allowing_destination(tool.url_template());
+        let tool = tool
+            .with_outbound(policy)
             .map_err(|e| tool_error(at.clone(), e.to_string()))?
             .with_call_env(Arc::clone(env));
         let name = DynTool::spec(&tool).name.clone();
@@ -93,6 +101,8 @@ pub(crate) fn build(
             },
             timeout: std::time::Duration::from_millis(declared.timeout_ms()),
             env: Arc::clone(env),
+            outbound: Some(crate::a2a_agent::policy_of(&outbound, declared)),
+            interface_origins: declared.interface_origins.clone(),
         };
         let tool =
             keel_a2a::A2aTool::new(agent).map_err(|e| tool_error(at.clone(), e.to_string()))?;

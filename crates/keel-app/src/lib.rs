@@ -166,19 +166,47 @@ impl App {
         store::open_store(&self.store_url(flag).0).await
     }
 
-    /// The MCP servers of keel.toml, connected on first use (`None` without servers).
+    /// The MCP servers of keel.toml, connected on first use (`None` without servers),
+    /// under the outbound policy with every HTTP server's host allowed.
     pub async fn mcp(&self) -> Option<&McpManager> {
         self.mcp
             .get_or_init(|| async {
                 let servers = self.config().mcp.servers.clone();
                 if servers.is_empty() {
-                    None
-                } else {
-                    Some(McpManager::connect_all(servers).await)
+                    return None;
                 }
+                let mut policy = self.outbound_policy_or_public();
+                for server in &servers {
+                    if let keel_mcp::McpTransport::Http { url, .. } = &server.transport {
+                        policy = policy.allowing_destination(url);
+                    }
+                }
+                Some(McpManager::connect_all_with(servers, &policy).await)
             })
             .await
             .as_ref()
+    }
+
+    /// The outbound policy of `[outbound] allow_private` (keel-outbound): public
+    /// addresses and the listed entries. Each client adds the destination keel.toml (or
+    /// an agent file) configures for it ([`OutboundPolicy::allowing_destination`]).
+    ///
+    /// [`OutboundPolicy::allowing_destination`]: keel_outbound::OutboundPolicy::allowing_destination
+    pub fn outbound_policy(&self) -> Result<keel_outbound::OutboundPolicy, AppError> {
+        self.config()
+            .outbound
+            .policy()
+            .map_err(|error| AppError::Tool {
+                name: "keel.toml [outbound]".into(),
+                message: error.to_string(),
+            })
+    }
+
+    /// [`outbound_policy`](Self::outbound_policy), or public addresses only when
+    /// `allow_private` is invalid (a loaded keel.toml never has an invalid one: the load
+    /// refuses it).
+    fn outbound_policy_or_public(&self) -> keel_outbound::OutboundPolicy {
+        self.outbound_policy().unwrap_or_default()
     }
 
     /// The tool catalog.

@@ -125,6 +125,7 @@ const KEYS: &[(&str, Check)] = &[
     ("a2a.agents.description", a2a_description),
     ("a2a.agents.auth", a2a_auth),
     ("a2a.agents.timeout_ms", a2a_timeout),
+    ("a2a.agents.interface_origins", a2a_interface_origins),
     ("store.url", store_url),
     ("telemetry.endpoint", telemetry_endpoint),
     ("telemetry.protocol", telemetry_protocol),
@@ -176,6 +177,7 @@ const KEYS: &[(&str, Check)] = &[
     ("server.allowed_hosts", server_allowed_hosts),
     ("server.operators", server_operators),
     ("local.allowed_sha256", local_allowed_sha256),
+    ("outbound.allow_private", outbound_allow_private),
     ("server.workers", server_workers),
     ("server.max_body_bytes", server_max_body_bytes),
     ("server.request_timeout_ms", server_request_timeout),
@@ -1399,6 +1401,72 @@ fn agents_a2a() {
     });
 }
 
+/// Serves, on a loopback port, a 1.0 agent card naming `interface` for every request;
+/// answers its base URL.
+async fn card_naming(interface: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let body = json!({
+        "name": "elsewhere",
+        "supportedInterfaces": [{"url": interface, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "capabilities": {"streaming": false}
+    })
+    .to_string();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = vec![0; 4096];
+            let _ = socket.read(&mut request).await;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    url
+}
+
+/// `interface_origins`: a card naming its interface on another origin is refused unless
+/// the origin is listed.
+fn a2a_interface_origins() {
+    block_on(async {
+        let (echo, _backend) = keel_a2a::testing::serve_echo().await.unwrap();
+        let card = card_naming(echo.clone()).await;
+        let origin = echo.trim_end_matches("/a2a/echo").to_string();
+        let call = |extra: String| {
+            let toml = format!("{A2A_AGENT}{extra}").replace("ECHO", &card);
+            async move {
+                let app = App::from_toml_str(&toml, Path::new("."), env_of(&[])).unwrap();
+                let catalog = app.catalog().await.unwrap();
+                let tool = catalog.registry.get("helper").cloned().unwrap();
+                let ctx = keel_core::ToolContext::new("thr", "run", "call", Default::default());
+                tool.call(json!({ "message": "hi" }), &ctx).await
+            }
+        };
+        let refused = call(String::new()).await.unwrap_err();
+        assert_eq!(refused.code, keel_core::ToolErrorCode::Forbidden);
+        assert!(
+            refused.message.contains("interface_origins"),
+            "{}",
+            refused.message
+        );
+        let output = call(format!("interface_origins = [\"{origin}\"]\n"))
+            .await
+            .unwrap();
+        assert_eq!(output["reply"], "echo: hi");
+    });
+    let problem = App::from_toml_str(
+        &format!("{A2A_AGENT}interface_origins = [\"https://h/path\"]\n")
+            .replace("ECHO", "http://127.0.0.1:9/"),
+        Path::new("."),
+        env_of(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(problem.contains("interface_origins"), "{problem}");
+}
+
 fn a2a_timeout() {
     let toml = format!("{A2A_AGENT}timeout_ms = 300\n");
     let catalog = block_on(app(&toml.replace("ECHO", "http://127.0.0.1:9/")).catalog()).unwrap();
@@ -2386,6 +2454,56 @@ fn local_allowed_sha256() {
         panic!("a file outside allowed_sha256 loaded");
     };
     assert!(error.to_string().contains("allowed_sha256"), "{error}");
+}
+
+/// `[outbound] allow_private`: a non-public address keel.toml does not name as a
+/// destination (here a tool's `{host}` filled by the model) is refused unless listed.
+fn outbound_allow_private() {
+    let tool = |allow: &str| {
+        format!(
+            "{allow}[[tools.http]]\nname = \"fetch\"\ndescription = \"Fetch.\"\nusage = \"fetch — host: where.\"\nmethod = \"GET\"\nurl = \"http://{{host}}:PORT/x\"\ninput_schema = {{ type = \"object\", properties = {{ host = {{ type = \"string\" }} }}, required = [\"host\"] }}\n"
+        )
+    };
+    block_on(async {
+        let (echo, _backend) = keel_a2a::testing::serve_echo().await.unwrap();
+        let port = echo
+            .trim_start_matches("http://127.0.0.1:")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let call = |allow: &str| {
+            let toml = tool(allow).replace("PORT", &port);
+            async move {
+                let app = App::from_toml_str(&toml, Path::new("."), env_of(&[])).unwrap();
+                let catalog = app.catalog().await.unwrap();
+                let tool = catalog.registry.get("fetch").cloned().unwrap();
+                let ctx = keel_core::ToolContext::new("thr", "run", "call", Default::default());
+                tool.call(json!({ "host": "127.0.0.1" }), &ctx).await
+            }
+        };
+        let refused = call("").await.unwrap_err();
+        assert_eq!(refused.code, keel_core::ToolErrorCode::Forbidden);
+        assert_eq!(refused.details.unwrap()["error"], "outbound_refused");
+        // Listed: the request reaches the server (which has no `/x`).
+        let reached = call("[outbound]\nallow_private = [\"127.0.0.1\"]\n")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reached.code,
+            keel_core::ToolErrorCode::NotFound,
+            "{}",
+            reached.message
+        );
+    });
+    let problem = App::from_toml_str(
+        "[outbound]\nallow_private = [\"http://db.internal\"]\n",
+        Path::new("."),
+        env_of(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(problem.contains("outbound.allow_private"), "{problem}");
 }
 
 fn server_workers() {

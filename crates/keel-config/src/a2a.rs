@@ -9,6 +9,7 @@
 //! description = "Ask the research agent."  # optional
 //! auth = { bearer_env = "RESEARCHER_TOKEN" }    # or headers = { "X-Api-Key" = "VAR" }
 //! timeout_ms = 120000                      # optional
+//! interface_origins = ["https://rpc.agents.example"]  # optional: the card may name these
 //! ```
 
 use std::collections::BTreeMap;
@@ -44,6 +45,11 @@ pub struct A2aAgentConfig {
     /// Longest one call may take, in milliseconds (default 120000).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Origins (`https://rpc.example`) besides the card's own that the agent's card may
+    /// name for its JSON-RPC interface; its credentials are sent there. Default: none —
+    /// an interface on another origin is refused before anything is sent to it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub interface_origins: Vec<String>,
 }
 
 /// `auth = { bearer_env = "VAR" }` and/or `auth = { headers = { "X-Api-Key" = "VAR" } }`.
@@ -154,6 +160,22 @@ impl A2aConfig {
                             ),
                         ));
                     }
+                }
+            }
+            for (position, origin) in agent.interface_origins.iter().enumerate() {
+                let valid = url::Url::parse(origin).is_ok_and(|url| {
+                    matches!(url.scheme(), "http" | "https")
+                        && url.host().is_some()
+                        && matches!(url.path(), "" | "/")
+                        && url.query().is_none()
+                });
+                if !valid {
+                    out.push((
+                        at(&format!("interface_origins.{position}")),
+                        format!(
+                            "`{shown}.interface_origins[{position}]` = {origin:?} is not an origin; write it as \"https://host\" or \"https://host:port\" (no path)"
+                        ),
+                    ));
                 }
             }
             if agent.timeout_ms == Some(0) {

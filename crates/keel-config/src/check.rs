@@ -198,6 +198,19 @@ pub(crate) fn semantic(
     }
     // A2A agents (`a2a.agents.N....`: the index is an array position).
     for (path, message) in config.a2a.problems() {
+        let in_origins = path.get(3).is_some_and(|p| p == "interface_origins");
+        let path = path
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| match part.parse::<usize>() {
+                Ok(index) if i == 2 || (i == 4 && in_origins) => Seg::Index(index),
+                _ => Seg::Key(part),
+            })
+            .collect();
+        out.push(error(DiagnosticCode::InvalidValue, path, message));
+    }
+    // `[outbound] allow_private` (`outbound.allow_private.N`: an array position).
+    for (path, message) in config.outbound.problems() {
         let path = path
             .into_iter()
             .enumerate()

@@ -1,6 +1,6 @@
 //! Keel's configuration layer: the typed schema of `keel.toml` ([`KeelConfig`]: defaults,
 //! providers, models, agents, tools, MCP servers, store, telemetry, policies, approvals,
-//! server), loading it ([`KeelConfig::load`]: `.env` first without overriding set
+//! server, outbound), loading it ([`KeelConfig::load`]: `.env` first without overriding set
 //! variables, then `./keel.toml` or `--config FILE`, `${VAR}` / `${VAR:-default}`
 //! expanded), and the
 //! diagnostics of `keel config check` ([`check`]: every problem with its key path, line and
@@ -22,6 +22,7 @@ pub mod diagnostic;
 pub mod env;
 pub mod load;
 pub mod located;
+pub mod outbound;
 pub mod schema;
 pub mod server;
 pub mod source;
@@ -36,6 +37,7 @@ pub use check::{check, check_in, check_str, load_blocking, store_url_problem};
 pub use diagnostic::{Diagnostic, DiagnosticCode, Severity, render_json, render_text};
 pub use load::{ConfigError, DEFAULT_FILE, LoadedConfig};
 pub use located::parse_toml_as;
+pub use outbound::OutboundConfig;
 pub use schema::{
     AgentConfig, ApprovalsConfig, BUILTIN_PROVIDERS, BudgetConfig, ContextSection,
     ContextStrategyName, DEFAULT_STORE_URL, Defaults, KeelConfig, McpConfig, ModelConfig,

@@ -47,6 +47,8 @@ pub struct KeelConfig {
     pub a2a: crate::a2a::A2aConfig,
     /// `[local]`: the embedded `local:` models.
     pub local: LocalConfig,
+    /// `[outbound]`: the non-public destinations outbound calls may reach.
+    pub outbound: crate::outbound::OutboundConfig,
 }
 
 /// `[local]`: what the embedded `local:` models may load.

@@ -11,6 +11,12 @@
 //!
 //! A stdio server runs with a cleared environment ([`child_environment`]) as the leader of
 //! its own process group; the group is stopped with the connection ([`ProcessGroup`]).
+//!
+//! An HTTP server is reached through a reqwest client of the connection's outbound policy
+//! (keel-outbound): its URL is checked before each handshake, names resolve only to
+//! addresses the policy allows, and only same-origin 307/308 redirects are followed
+//! ([`keel_outbound::redirect::same_origin_policy`]), so the configured headers never
+//! reach another origin.
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
@@ -107,6 +113,8 @@ impl Backoff {
 /// A configured server and, while it is up, its live rmcp client.
 pub(crate) struct Connection {
     pub config: McpServerConfig,
+    /// Which non-public addresses an HTTP server may be reached at.
+    outbound: keel_outbound::OutboundPolicy,
     pub shared: Arc<Shared>,
     live: RwLock<Option<Arc<Live>>>,
     status: Mutex<StatusFields>,
@@ -123,6 +131,7 @@ impl Connection {
     pub(crate) async fn start(
         config: McpServerConfig,
         notices: broadcast::Sender<McpNotice>,
+        outbound: keel_outbound::OutboundPolicy,
     ) -> Arc<Self> {
         let conn = Arc::new(Self {
             shared: Arc::new(Shared {
@@ -134,6 +143,7 @@ impl Connection {
                 call_timeout: config.call_timeout,
             }),
             config,
+            outbound,
             live: RwLock::new(None),
             status: Mutex::new(StatusFields::default()),
             reconnect: tokio::sync::Mutex::new(Backoff::default()),
@@ -164,6 +174,7 @@ impl Connection {
                 call_timeout: config.call_timeout,
             }),
             config,
+            outbound: keel_outbound::OutboundPolicy::default(),
             live: RwLock::new(None),
             status: Mutex::new(StatusFields {
                 state: Some(McpServerState::Failed),
@@ -337,14 +348,28 @@ impl Connection {
                         .map_err(|e| format!("headers.{key}: not a valid header value: {e}"))?;
                     custom.insert(name, value);
                 }
+                let parsed =
+                    url::Url::parse(url).map_err(|e| format!("url: `{url}` is not a URL: {e}"))?;
+                // Checked here first for an error that names the refusal (rmcp's errors
+                // drop their cause); the client's resolver checks each connection.
+                self.outbound
+                    .check_resolved(&parsed)
+                    .await
+                    .map_err(|refused| format!("MCP server at {url} not contacted: {refused}"))?;
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(custom)
                     .reinit_on_expired_session(true);
-                let transport = StreamableHttpClientTransport::from_config(config);
+                let transport = StreamableHttpClientTransport::with_client(
+                    http_client(&self.outbound)?,
+                    config,
+                );
                 let service = handler
                     .serve_with_lifecycle(transport, lifecycle)
                     .await
-                    .map_err(|e| format!("MCP handshake with {url} failed: {e}"))?;
+                    .map_err(|e| match keel_outbound::refusal_of(&e) {
+                        Some(refused) => format!("MCP server at {url} not contacted: {refused}"),
+                        None => format!("MCP handshake with {url} failed: {e}"),
+                    })?;
                 Ok((service, None))
             }
         }
@@ -694,6 +719,19 @@ fn lost_error(server: &str, error: &ServiceError, effect: Effect) -> ToolError {
              restarted, {advice}"
         ),
     )
+}
+
+/// The HTTP client of an MCP server under `policy`: names resolve through the policy,
+/// redirects are followed only within the origin (307/308, which keep the JSON-RPC body),
+/// and idle connections are not pooled (as rmcp's own client: a pooled connection whose
+/// previous body was not read to the end stalls on delayed ACKs).
+fn http_client(policy: &keel_outbound::OutboundPolicy) -> Result<reqwest::Client, String> {
+    policy
+        .client_builder()
+        .pool_max_idle_per_host(0)
+        .redirect(keel_outbound::redirect::same_origin_policy())
+        .build()
+        .map_err(|e| format!("cannot create the HTTP client: {e}"))
 }
 
 /// The HTTP status behind a transport error, if there is one.

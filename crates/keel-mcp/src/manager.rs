@@ -37,16 +37,47 @@ impl McpManager {
     /// Connects every server in parallel, each bounded by its `startup_timeout`. A server
     /// that fails (cannot start, handshake error, timeout, duplicate name) is recorded with
     /// its error in [`statuses`](Self::statuses) and skipped; this never fails.
+    ///
+    /// An HTTP server may be reached at its URL's host whatever its address (the operator
+    /// configured it), and otherwise only at public addresses; see
+    /// [`connect_all_with`](Self::connect_all_with).
     pub async fn connect_all(configs: impl IntoIterator<Item = McpServerConfig>) -> Self {
+        Self::connect_with(configs, None).await
+    }
+
+    /// [`connect_all`](Self::connect_all) with HTTP servers reached under `outbound`, used
+    /// as given (keel-outbound's policy: to reach a server whose host is not public,
+    /// include it with [`OutboundPolicy::allowing_destination`](keel_outbound::OutboundPolicy::allowing_destination)).
+    pub async fn connect_all_with(
+        configs: impl IntoIterator<Item = McpServerConfig>,
+        outbound: &keel_outbound::OutboundPolicy,
+    ) -> Self {
+        Self::connect_with(configs, Some(outbound)).await
+    }
+
+    async fn connect_with(
+        configs: impl IntoIterator<Item = McpServerConfig>,
+        outbound: Option<&keel_outbound::OutboundPolicy>,
+    ) -> Self {
         let (notices, _) = broadcast::channel(NOTICE_CAPACITY);
         let mut seen = BTreeSet::new();
         let mut pending = Vec::new();
         for config in configs {
             let prefix = proxied_tool_name(&config.name, "x");
             if seen.insert(prefix) {
+                let policy = match (outbound, &config.transport) {
+                    (Some(policy), _) => policy.clone(),
+                    (None, crate::config::McpTransport::Http { url, .. }) => {
+                        keel_outbound::OutboundPolicy::default().allowing_destination(url)
+                    }
+                    (None, crate::config::McpTransport::Stdio { .. }) => {
+                        keel_outbound::OutboundPolicy::default()
+                    }
+                };
                 pending.push(futures::future::Either::Left(Connection::start(
                     config,
                     notices.clone(),
+                    policy,
                 )));
             } else {
                 let error = format!(

@@ -7,6 +7,7 @@ mod common;
 mod agent_run;
 mod config_toml;
 mod http_server;
+mod outbound;
 mod real_servers;
 mod serve_sessions;
 mod stdio_hygiene;

@@ -27,9 +27,14 @@
 //! `Idempotency-Key` header (stable across retries and resumes of the same call).
 //!
 //! Redirects follow the declaration's [`RedirectPolicy`] (default: same origin only), and
-//! the configured headers never travel to another origin. HTTP statuses map to the tool
+//! the configured headers never travel to another origin. Every request, and every hop of
+//! a redirect, obeys the tool's [`OutboundPolicy`] (keel-outbound): loopback, private,
+//! link-local and metadata addresses are refused (`forbidden`, `details.error =
+//! "outbound_refused"`) unless the policy allows them — by default it allows the host the
+//! declaration's `url` names, since the operator wrote it ([`HttpTool::with_outbound`]). HTTP statuses map to the tool
 //! error taxonomy with [`ToolErrorCode::from_http_status`]; the error keeps the status and
-//! a bounded excerpt of the body in `details`, and `Retry-After` becomes
+//! an excerpt of the body capped at 512 bytes and redacted (configured secrets and
+//! anything that looks like a credential) in `details`, and `Retry-After` becomes
 //! `retry_after_ms`. Error texts never show query strings, userinfo or header values.
 //! JSON responses are parsed; anything else is returned as text. Every request has a
 //! timeout and honours `ToolContext::cancel`.
@@ -37,7 +42,8 @@
 mod auth;
 mod errors;
 mod redact;
-pub mod redirect;
+/// Redirect policies and hops (shared with the other outbound clients: keel-outbound).
+pub use keel_outbound::redirect;
 mod response;
 pub mod template;
 
@@ -54,6 +60,7 @@ use futures::future::BoxFuture;
 use keel_core::{
     ApprovalMode, DynTool, Effect, RetryPolicy, ToolContext, ToolError, ToolErrorCode, ToolSpec,
 };
+pub use keel_outbound::OutboundPolicy;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -63,23 +70,18 @@ const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Time allowed to open a connection (bounded further by the tool's timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The one HTTP client every HTTP tool of the process sends through, built on first use.
-/// Building a client loads the system's trusted certificates (milliseconds each time, and a
-/// copy of the store per client) and each client keeps its own connection pool, so one per
-/// tool made start-up cost grow with the number of tools and kept tools that call the same
-/// host from sharing connections. Per-call settings live on each request instead: the
-/// tool's timeout (`send`), and redirects, which are never followed by the client — `send`
-/// follows them itself, dropping the configured headers when a hop leaves the origin.
-fn shared_client() -> Result<reqwest::Client, String> {
-    static CLIENT: std::sync::LazyLock<Result<reqwest::Client, String>> =
-        std::sync::LazyLock::new(|| {
-            reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|error| error.to_string())
-        });
-    CLIENT.clone()
+/// The HTTP client of an outbound policy, shared by every HTTP tool of the process with
+/// an equal policy ([`OutboundPolicy::cache_key`]), built on first use. Building a client
+/// loads the system's trusted certificates (milliseconds each time, and a copy of the
+/// store per client) and each client keeps its own connection pool, so one per tool made
+/// start-up cost grow with the number of tools and kept tools that call the same host
+/// from sharing connections. The client resolves names through the policy (keel-outbound's
+/// `PolicyResolver`); per-call settings live on each request instead: the tool's timeout
+/// (`send`), and redirects, which are never followed by the client — `send` follows them
+/// itself, checking each target and dropping the configured headers when a hop leaves
+/// the origin.
+fn client_for(policy: &OutboundPolicy) -> Result<reqwest::Client, String> {
+    keel_outbound::resolve::shared_client(policy, CONNECT_TIMEOUT)
 }
 
 /// An HTTP method of a declarative tool.
@@ -350,6 +352,8 @@ pub struct HttpTool {
     /// the tool.
     call_env: CallEnv,
     redirects: RedirectPolicy,
+    /// Which non-public addresses the tool may reach.
+    outbound: OutboundPolicy,
     /// Header values and URL-template credentials, kept out of error texts.
     secrets: Secrets,
     client: reqwest::Client,
@@ -364,6 +368,7 @@ impl std::fmt::Debug for HttpTool {
             .field("url", &self.url_template)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("redirects", &self.redirects)
+            .field("outbound", &self.outbound)
             .finish_non_exhaustive()
     }
 }
@@ -465,7 +470,8 @@ impl HttpTool {
         if !problems.is_empty() {
             return Err(HttpToolError::Invalid { tool, problems });
         }
-        let client = shared_client().map_err(|message| HttpToolError::Client {
+        let outbound = OutboundPolicy::default().allowing_destination(&url_template);
+        let client = client_for(&outbound).map_err(|message| HttpToolError::Client {
             tool: tool.clone(),
             message,
         })?;
@@ -480,9 +486,23 @@ impl HttpTool {
             auth,
             call_env: process_env(),
             redirects: config.redirects,
+            outbound,
             secrets,
             client,
         })
+    }
+
+    /// Calls under `policy` instead of the default (public addresses and the host of the
+    /// declaration's `url`). The policy is used as given: to keep the declared host
+    /// reachable when it is not public, include it
+    /// ([`OutboundPolicy::allowing_destination`] with [`url_template`](Self::url_template)).
+    pub fn with_outbound(mut self, policy: OutboundPolicy) -> Result<Self, HttpToolError> {
+        self.client = client_for(&policy).map_err(|message| HttpToolError::Client {
+            tool: self.spec.name.clone(),
+            message,
+        })?;
+        self.outbound = policy;
+        Ok(self)
     }
 
     /// Reads the variables of `auth` through `env` (default: the process environment)
@@ -594,6 +614,12 @@ impl HttpTool {
             if remaining.is_zero() {
                 return Err(self.timeout_error(&url));
             }
+            // An IP-literal host is checked here; names are checked by the client's
+            // resolver on the addresses it connects to.
+            self.outbound
+                .check_url(&url)
+                .await
+                .map_err(|refused| self.refused_address(&url, &refused))?;
             let mut builder = self
                 .client
                 .request(method.clone(), url.clone())

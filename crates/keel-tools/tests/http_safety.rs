@@ -332,22 +332,17 @@ async fn error_bodies_are_capped_with_a_notice() {
             .unwrap_err();
         let text = error_text(&error);
         assert!(
-            text.len() < 8_000,
+            text.len() < 2_000,
             "{path}: {} bytes in the error",
             text.len()
         );
         assert!(
-            error
-                .message
-                .contains("[OUTPUT TRUNCATED: Showing 1,000 of "),
+            error.message.contains("more bytes not shown]"),
             "{path}: {}",
             error.message
         );
         let body = error.details.as_ref().unwrap()["body"].as_str().unwrap();
-        assert!(
-            body.contains("[OUTPUT TRUNCATED: Showing 4,096 of "),
-            "{path}: {body}"
-        );
+        assert!(body.contains("more bytes not shown]"), "{path}: {body}");
         assert!(error.details.as_ref().unwrap().get("body_json").is_none());
     }
 }
@@ -498,4 +493,129 @@ async fn auth_credentials_come_from_the_call_and_never_leave_the_tools_origin() 
     let got = other_seen.lock().unwrap().pop().unwrap();
     assert_eq!(got["authorization"], Value::Null, "{got}");
     assert_eq!(got["api_key"], Value::Null, "{got}");
+}
+
+// ---- The outbound policy (issue 46): addresses a tool may reach, error bodies. ----
+
+/// The `details` of an error refused by the outbound policy, or a panic naming the error.
+fn refused_details(error: &ToolError) -> Value {
+    let details = error.details.clone().unwrap_or(Value::Null);
+    assert_eq!(
+        (error.code, details["error"].as_str()),
+        (ToolErrorCode::Forbidden, Some("outbound_refused")),
+        "{}",
+        error_text(error)
+    );
+    assert!(
+        error.message.contains("[outbound] allow_private"),
+        "{}",
+        error.message
+    );
+    details
+}
+
+#[tokio::test]
+async fn outbound_a_redirect_to_the_metadata_address_is_refused_before_connecting() {
+    let (first, _) = redirecting_server(
+        "http://169.254.169.254/latest/meta-data/iam/security-credentials/".into(),
+        StatusCode::FOUND,
+    )
+    .await;
+    let error = redirect_tool(&format!("http://{first}/hop"), Some("any"))
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
+    let details = refused_details(&error);
+    assert_eq!(details["host"], "169.254.169.254");
+    assert_eq!(details["address_class"], "cloud metadata");
+    assert!(!error_text(&error).contains("s3cret"));
+}
+
+#[tokio::test]
+async fn outbound_a_templated_host_must_be_public() {
+    let (addr, seen) = echo_server().await;
+    let tool = tool(
+        &format!(
+            r#"
+            name = "fetch_host"
+            description = "Fetch from a host."
+            usage = "fetch_host — host: where."
+            method = "GET"
+            url = "http://{{host}}:{port}/x"
+            input_schema = {{ type = "object", properties = {{ host = {{ type = "string" }} }}, required = ["host"] }}
+            timeout_ms = 10000
+            "#,
+            port = addr.port()
+        ),
+        &[],
+    );
+    let error = tool
+        .call(json!({"host": "127.0.0.1"}), &ctx())
+        .await
+        .unwrap_err();
+    let details = refused_details(&error);
+    assert_eq!(details["address_class"], "loopback");
+    assert!(seen.lock().unwrap().is_empty(), "the request was sent");
+}
+
+#[tokio::test]
+async fn outbound_a_redirect_to_a_name_resolving_to_loopback_is_refused() {
+    use keel_tools::http::OutboundPolicy;
+    let (target, seen) = echo_server().await;
+    let (first, _) = redirecting_server(
+        format!(
+            "http://api.public-looking.example:{}/landing",
+            target.port()
+        ),
+        StatusCode::FOUND,
+    )
+    .await;
+    let url = format!("http://{first}/hop");
+    // Tests never depend on real DNS: the name resolves through the policy's lookup.
+    let lookup: keel_outbound::Lookup = Arc::new(|name: &str| {
+        (name == "api.public-looking.example").then(|| vec!["127.0.0.1".parse().unwrap()])
+    });
+    let policy = OutboundPolicy::default()
+        .with_lookup(lookup)
+        .allowing_destination(&url);
+    let error = redirect_tool(&url, Some("any"))
+        .with_outbound(policy)
+        .unwrap()
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
+    let details = refused_details(&error);
+    assert_eq!(details["host"], "api.public-looking.example");
+    assert_eq!(details["address"], "127.0.0.1");
+    assert_eq!(details["address_class"], "loopback");
+    assert!(seen.lock().unwrap().is_empty(), "the request was sent");
+}
+
+#[tokio::test]
+async fn outbound_error_bodies_reach_the_model_capped_and_redacted() {
+    let mut body = String::from("upstream failed; debug: api_key=sk-live-AbCdEf0123456789XyZ ");
+    body.push_str(
+        "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0ZW5hbnQifQ.c2lnbmF0dXJl ",
+    );
+    body.push_str(&"z".repeat(2_000 - body.len()));
+    let app = Router::new().fallback(any(move || {
+        let body = body.clone();
+        async move { (StatusCode::BAD_GATEWAY, body) }
+    }));
+    let addr = serve(app).await;
+    let error = redirect_tool(&format!("http://{addr}/x"), None)
+        .call(json!({}), &ctx())
+        .await
+        .unwrap_err();
+    let text = error_text(&error);
+    assert!(!text.contains("sk-live-AbCdEf"), "{text}");
+    assert!(!text.contains("eyJzdWIiOiJ0ZW5hbnQifQ"), "{text}");
+    let excerpt = error.details.as_ref().unwrap()["body"].as_str().unwrap();
+    assert!(
+        excerpt.len() <= 512 + 40,
+        "{} bytes: {excerpt}",
+        excerpt.len()
+    );
+    assert!(excerpt.contains("more bytes not shown"), "{excerpt}");
+    assert!(error.message.len() <= 512 + 200, "{}", error.message);
 }

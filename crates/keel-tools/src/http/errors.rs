@@ -1,20 +1,16 @@
 //! The errors of declarative HTTP tools: a non-2xx answer (code from the status, the
-//! service's message and a bounded body excerpt), a refused redirect, a timeout and a
-//! failed request — every text with the tool's secrets kept out ([`super::redact`]).
+//! service's message and a body excerpt, both capped and redacted by
+//! [`keel_outbound::excerpt`]), a refused redirect or address, a timeout and a failed
+//! request — every text with the tool's secrets kept out ([`super::redact`]).
 
-use keel_core::context::truncate_tool_output;
 use keel_core::{ToolError, ToolErrorCode};
+use keel_outbound::Refused;
+use keel_outbound::excerpt::{self, ERROR_BODY_CAP};
 use serde_json::{Value, json};
 
 use super::redact::{self, display_url};
 use super::response::error_message;
 use super::{HttpTool, MAX_BODY_BYTES, redirect};
-
-/// Longest excerpt of an error body kept in the error's `details.body`, in characters
-/// (the rest is cut with a notice: error bodies go to the log and the next prompt).
-const ERROR_BODY_CHARS: usize = 4_096;
-/// Longest service message kept in an error's message, in characters.
-const ERROR_REASON_CHARS: usize = 1_000;
 
 impl HttpTool {
     /// The error for a non-2xx answer: the code from the status, the service's own message
@@ -36,15 +32,19 @@ impl HttpTool {
                 ToolErrorCode::ToolBug
             },
         );
+        let known = secrets.values();
         let raw = String::from_utf8_lossy(body);
-        let text = secrets.scrub(&raw);
-        let excerpt = capped(&text, ERROR_BODY_CHARS, name, cut);
+        let mut excerpt = excerpt::error_excerpt(body, known);
+        if cut {
+            excerpt.push_str(&format!(
+                " [the body exceeds {MAX_BODY_BYTES} bytes; only that much was read]"
+            ));
+        }
         let reason = parsed
             .as_ref()
             .and_then(error_message)
-            .map(|message| secrets.scrub(&message))
-            .map(|message| capped(message.trim(), ERROR_REASON_CHARS, name, false))
-            .unwrap_or_else(|| capped(text.trim(), ERROR_REASON_CHARS, name, cut));
+            .map(|message| excerpt::error_text(message.trim(), known))
+            .unwrap_or_else(|| excerpt::error_text(raw.trim(), known));
         let mut message = format!(
             "`{name}` got HTTP {} from {} {}",
             status.as_u16(),
@@ -56,12 +56,12 @@ impl HttpTool {
             message.push_str(reason.trim());
         }
         let mut details = json!({"status": status.as_u16(), "body": excerpt});
-        // The parsed body only when it is small and holds no secret (else `body` has the
-        // bounded, scrubbed excerpt).
-        let small = !cut && text.chars().count() <= ERROR_BODY_CHARS;
+        // The parsed body only when it is within the cap and nothing in it was redacted
+        // (else `body` has the capped, redacted excerpt).
+        let small = !cut && body.len() <= ERROR_BODY_CAP;
         if let (Some(parsed), Value::Object(map)) = (parsed, &mut details)
             && small
-            && !secrets.appear_in(&raw)
+            && excerpt::redact(&raw, known) == raw
         {
             map.insert("body_json".into(), parsed);
         }
@@ -115,6 +115,20 @@ impl HttpTool {
         ToolError::new(ToolErrorCode::ToolBug, message).with_details(details)
     }
 
+    /// A request refused by the outbound policy (`forbidden`, `details.error =
+    /// "outbound_refused"`).
+    pub(super) fn refused_address(&self, url: &url::Url, refused: &Refused) -> ToolError {
+        ToolError::new(
+            ToolErrorCode::Forbidden,
+            format!(
+                "`{}`: the request to {} was not sent: {refused}",
+                self.spec.name,
+                display_url(url)
+            ),
+        )
+        .with_details(refused.details())
+    }
+
     pub(super) fn timeout_error(&self, url: &url::Url) -> ToolError {
         ToolError::new(
             ToolErrorCode::Timeout,
@@ -137,6 +151,9 @@ impl HttpTool {
     ) -> ToolError {
         let name = &self.spec.name;
         let target = display_url(url);
+        if let Some(refused) = keel_outbound::refusal_of(&error) {
+            return self.refused_address(url, &refused);
+        }
         if error.is_timeout() {
             return self.timeout_error(url);
         }
@@ -154,18 +171,4 @@ impl HttpTool {
             )
         }
     }
-}
-
-/// `text` cut to `max_chars` with keel-core's `[OUTPUT TRUNCATED: Showing X of Y
-/// characters from TOOL]` notice; `read_cut` adds that the body itself was not read whole.
-fn capped(text: &str, max_chars: usize, tool: &str, read_cut: bool) -> String {
-    let mut out = truncate_tool_output(text, max_chars, tool)
-        .map(|(cut, _, _)| cut)
-        .unwrap_or_else(|| text.to_string());
-    if read_cut {
-        out.push_str(&format!(
-            "\n[the body exceeds {MAX_BODY_BYTES} bytes; only that much was read]"
-        ));
-    }
-    out
 }

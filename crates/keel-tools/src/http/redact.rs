@@ -90,6 +90,11 @@ impl Secrets {
         Self { values }
     }
 
+    /// The secret values, longest first.
+    pub fn values(&self) -> &[String] {
+        &self.values
+    }
+
     /// Whether there is no secret to look for.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()

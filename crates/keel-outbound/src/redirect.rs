@@ -1,11 +1,15 @@
-//! Redirects of declarative HTTP tools: which ones are followed (the tool's `redirects`
-//! policy) and what the next hop looks like.
+//! Redirects of outbound calls: which ones are followed ([`RedirectPolicy`], same origin
+//! by default) and what the next hop looks like ([`next_hop`]).
 //!
-//! The tool follows redirects itself, one hop at a time, instead of using reqwest's
-//! redirect policy: reqwest forwards every header except a fixed list (Authorization,
-//! Cookie, ...) to the next host, and a policy callback cannot remove headers. Configured
-//! headers may hold secrets (`X-Api-Key = "${KEY}"`), so on a hop to another origin none
-//! of them may travel.
+//! Clients that send configured secret headers (HTTP tools, the A2A client) follow
+//! redirects themselves, one hop at a time, instead of using reqwest's redirect policy:
+//! reqwest forwards every header except a fixed list (Authorization, Cookie, ...) to the
+//! next host, and a policy callback cannot remove headers. So a hop is followed by a new
+//! request the caller builds: on a hop to another origin (only with [`RedirectPolicy::Any`])
+//! it leaves every configured header behind, and it checks the target against the
+//! [`OutboundPolicy`](crate::OutboundPolicy) before sending. A client whose requests
+//! reqwest (or a library over it) sends — MCP over HTTP through rmcp — uses
+//! [`same_origin_policy`] instead, which follows no hop to another origin at all.
 
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -13,18 +17,19 @@ use serde::{Deserialize, Serialize};
 /// Most redirects followed for one call.
 pub const MAX_REDIRECTS: usize = 10;
 
-/// Which redirects a tool follows (`redirects = "..."` in its declaration).
+/// Which redirects a client follows (an HTTP tool's `redirects = "..."`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RedirectPolicy {
     /// Follow redirects whose target has the same origin (scheme, host and port) as the
-    /// tool's URL; refuse the others with an error. The default.
+    /// request's first URL; refuse the others with an error. The default.
     #[default]
     SameOrigin,
     /// Follow no redirect: a 3xx answer with a `Location` is an error.
     None,
-    /// Follow every redirect (to http or https); from the first hop to another origin on,
-    /// the configured headers are no longer sent (nor Authorization or Cookie).
+    /// Follow every redirect (to http or https) the outbound policy allows; from the first
+    /// hop to another origin on, the configured headers are no longer sent (nor
+    /// Authorization or Cookie).
     Any,
 }
 
@@ -47,7 +52,7 @@ pub struct Hop {
     /// Whether the request becomes a GET without body (301, 302, 303 after a non-GET,
     /// as browsers and reqwest do); 307 and 308 keep the method and the body.
     pub becomes_get: bool,
-    /// Whether `url` has another origin than the tool's URL.
+    /// Whether `url` has another origin than the request's first URL.
     pub cross_origin: bool,
 }
 
@@ -62,7 +67,7 @@ pub enum Refusal {
     BadLocation(String),
 }
 
-/// Whether `status` is a redirect the tool may follow (300, 304 and 305 are not).
+/// Whether `status` is a redirect a client may follow (300, 304 and 305 are not).
 pub fn is_followable(status: StatusCode) -> bool {
     matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308)
 }
@@ -96,8 +101,35 @@ pub fn next_hop(
     }))
 }
 
+/// A reqwest redirect policy for clients whose requests reqwest sends itself (MCP over
+/// HTTP): same-origin 307 and 308 redirects only (they keep the method and body), at most
+/// [`MAX_REDIRECTS`]; anything else is returned to the caller as the redirect answer.
+/// A hop to another origin is never followed here, because a policy callback cannot
+/// drop the configured headers reqwest would replay to the new host; following such hops
+/// takes a client that follows redirects itself ([`next_hop`]).
+pub fn same_origin_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn url(text: &str) -> url::Url {
