@@ -192,6 +192,11 @@ const KEYS: &[(&str, Check)] = &[
         "server.limits.concurrent_runs",
         server_limits_concurrent_runs,
     ),
+    ("server.limits.open_streams", server_limits_open_streams),
+    (
+        "server.limits.open_streams_per_key",
+        server_limits_open_streams_per_key,
+    ),
     (
         "server.limits.requests_per_minute",
         server_limits_requests_per_minute,
@@ -2577,6 +2582,21 @@ fn server_limits_concurrent_runs() {
     assert_eq!(server("").limits_for("t").concurrent_runs, 16);
     let set = server("[server.limits]\nconcurrent_runs = 2");
     assert_eq!(set.limits_for("t").concurrent_runs, 2);
+}
+
+/// The effect on streams (429 beyond, slots given back) is shown over real sockets by
+/// keel-server's `streams` tests; here: the default and the override.
+fn server_limits_open_streams() {
+    assert_eq!(server("").limits_for("t").open_streams, 32);
+    let set = server("[server.limits]\nopen_streams = 3\n[server.tenants.t]\nopen_streams = 1");
+    assert_eq!(set.limits_for("other").open_streams, 3);
+    assert_eq!(set.limits_for("t").open_streams, 1);
+}
+
+fn server_limits_open_streams_per_key() {
+    assert_eq!(server("").limits_for("t").open_streams_per_key, 8);
+    let set = server("[server.limits]\nopen_streams_per_key = 0");
+    assert_eq!(set.limits_for("t").open_streams_per_key, 0, "0 = unlimited");
 }
 
 fn server_limits_requests_per_minute() {
