@@ -105,6 +105,13 @@ impl Hub {
         }
     }
 
+    /// Subscribers of every thread's announcements now ([`Hub::subscribe`]; for tests: a
+    /// follower of one thread belongs on its thread's channel, where other threads'
+    /// appends do not wake it).
+    pub fn all_threads_followers(&self) -> usize {
+        self.sender.receiver_count()
+    }
+
     /// Threads with a subscriber now (for tests).
     pub fn followed_threads(&self) -> usize {
         lock(&self.threads).len()

@@ -160,6 +160,11 @@ impl Server {
         self.router.clone()
     }
 
+    /// The fan-out of this server's appends and text deltas (for tests and embedders).
+    pub fn hub(&self) -> Arc<Hub> {
+        self.state.hub.clone()
+    }
+
     /// The OpenAPI document as JSON.
     pub fn openapi_json(&self) -> String {
         self.state.openapi.get().cloned().unwrap_or_default()

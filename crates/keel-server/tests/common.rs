@@ -47,6 +47,7 @@ pub struct Harness {
     pub client: reqwest::Client,
     pub store: OpenedStore,
     pub openapi: Value,
+    pub hub: Arc<keel_server::hub::Hub>,
     _mock: MockLlmServer,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -145,12 +146,14 @@ impl Harness {
         let config = app.config().server.clone();
         let server = Server::new(Arc::new(app), &store, config).unwrap();
         let openapi: Value = serde_json::from_str(&server.openapi_json()).unwrap();
+        let hub = server.hub();
         let (base, stop, task) = serve_on_loopback(server).await;
         Self {
             base,
             client: reqwest::Client::new(),
             store,
             openapi,
+            hub,
             _mock: mock,
             stop,
             task: Some(task),

@@ -158,3 +158,36 @@ async fn a_revoked_keys_sse_stream_ends() {
     );
     h.stop().await;
 }
+
+/// An A2A stream follows its own thread's channel of the hub, like `/v1` SSE: before, A2A
+/// followers took the all-threads channel, so every append anywhere woke every open A2A
+/// stream (N streams × M busy threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_stream_listens_to_its_own_thread_only() {
+    let script = json!({"turns": [
+        {"tool_calls": [{"name": "delay", "arguments": {"ms": 120000}}]},
+        {"text": "never"},
+    ]});
+    let h = Harness::start(Backend::Sqlite, script, "").await;
+    let key = h.key("alpha").await;
+    let baseline = h.hub.all_threads_followers();
+    let response = h
+        .request("POST", "/a2a/bot", &key)
+        .header("content-type", "application/json")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": {
+                "kind": "message", "role": "user", "messageId": "m-own",
+                "parts": [{"kind": "text", "text": "wait"}]}}})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut reader = SseReader::new(response);
+    // The task is live (submitted, then working while the delay runs).
+    reader.next().await.unwrap();
+    assert!(h.hub.followed_threads() >= 1);
+    assert_eq!(h.hub.all_threads_followers(), baseline);
+    drop(reader);
+    h.stop().await;
+}
