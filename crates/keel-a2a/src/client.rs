@@ -708,13 +708,7 @@ struct StreamState {
 
 /// A URL as errors show it: without query, fragment and userinfo.
 fn shown_url(url: &url::Url) -> String {
-    let mut url = url.clone();
-    url.set_query(None);
-    url.set_fragment(None);
-    // Both only fail for URLs that cannot have credentials, which then have none.
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    url.to_string()
+    keel_outbound::excerpt::display_url(url)
 }
 
 /// A remote JSON-RPC error as it may be shown: its message capped and redacted.

@@ -175,6 +175,18 @@ fn capped_text(text: &str, total_bytes: usize, secrets: &[String]) -> String {
     )
 }
 
+/// The URL as shown in messages: no query string, fragment, user name or password (the
+/// path stays, so the message says which endpoint failed).
+pub fn display_url(url: &url::Url) -> String {
+    let mut url = url.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    // Both only fail for URLs that cannot have credentials, which then have none.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,17 +12,8 @@ const REDACTED: &str = "[redacted]";
 /// and replacing them would garble ordinary text (ports, `true`, ...).
 const MIN_SECRET_CHARS: usize = 4;
 
-/// The URL as shown in messages: no query string, fragment, user name or password (the
-/// path stays, so the message says which endpoint failed).
-pub fn display_url(url: &url::Url) -> String {
-    let mut url = url.clone();
-    url.set_query(None);
-    url.set_fragment(None);
-    // Both only fail for URLs that cannot have credentials, which then have none.
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    url.to_string()
-}
+/// The URL as shown in messages (one rule for every outbound client).
+pub use keel_outbound::excerpt::display_url;
 
 /// The secret values of one tool, to be replaced in any text shown.
 #[derive(Clone, Default)]
