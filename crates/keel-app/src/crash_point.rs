@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::store::{ThreadFilter, ThreadSummary};
-use keel_core::{AppendDurability, Event, EventStore, StoreError};
+use keel_core::{AppendDurability, AppendFence, Event, EventStore, StoreError};
 
 /// The variable naming the append after which the process aborts (1 = the first).
 pub const CRASH_AFTER_APPENDS_ENV: &str = "KEEL_CRASH_AFTER_APPENDS";
@@ -99,8 +99,31 @@ impl EventStore for CrashAfterAppends {
         Ok(())
     }
 
+    fn fences_appends(&self) -> bool {
+        self.inner.fences_appends()
+    }
+
+    async fn append_fenced(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+        fence: AppendFence,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .append_fenced(thread_id, expected_next_seq, events, durability, fence)
+            .await?;
+        self.count();
+        Ok(())
+    }
+
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.load(thread_id).await
+    }
+
+    async fn load_from(&self, thread_id: &str, from_seq: u64) -> Result<Vec<Event>, StoreError> {
+        self.inner.load_from(thread_id, from_seq).await
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {

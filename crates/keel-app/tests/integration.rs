@@ -5,6 +5,7 @@
 mod a2a_agent;
 mod bad_input;
 mod config_keys;
+mod fencing;
 #[cfg(feature = "local")]
 mod local_loading;
 mod responses_agent;

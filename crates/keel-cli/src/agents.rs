@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 
 use keel_core::{CancellationToken, EventStore};
-use keel_runtime::{RunApprovalMode, RunContext, RunError};
+use keel_runtime::{RunApprovalMode, RunContext, RunError, Thread};
 use keel_testkit::ScriptedModel;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +52,30 @@ impl StoreArgs {
         keel_app::claim::ThreadClaim::take(opened.events, opened.queue, thread_id, command)
             .await
             .map_err(|e| CliError::failure(e.to_string()))
+    }
+
+    /// [`StoreArgs::claim`] of the thread `--thread ID` names (created with this id if it
+    /// does not exist) or of a new one, then that thread as the claimed store holds it —
+    /// loaded after the lease was taken, so no other driver's write is missed.
+    pub async fn claim_thread(
+        &self,
+        thread_id: Option<&str>,
+        command: &str,
+    ) -> Result<(keel_app::claim::ThreadClaim, Thread), CliError> {
+        let id = match thread_id {
+            Some(id) => id.to_string(),
+            None => Thread::new().id().to_string(),
+        };
+        let claim = self.claim(&id, command).await?;
+        match Thread::load(claim.store().as_ref(), &id).await {
+            Ok(thread) => Ok((claim, thread)),
+            Err(error) => {
+                claim.release().await;
+                Err(CliError::failure(format!(
+                    "cannot load thread {id}: {error}"
+                )))
+            }
+        }
     }
 }
 

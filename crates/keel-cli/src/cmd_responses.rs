@@ -10,7 +10,7 @@ use std::sync::Arc;
 use keel_app::{AgentRef, AgentRequest};
 use keel_config::AgentKind;
 use keel_core::{CancellationToken, Message};
-use keel_runtime::{Agent, Thread};
+use keel_runtime::Agent;
 
 use crate::CliError;
 use crate::agents::{self, AgentSpec, StoreArgs};
@@ -50,11 +50,12 @@ pub async fn run_if_responses(
         ..AgentRequest::default()
     };
     let (agent, resolution) = app().responses_agent(&request).await.map_err(app_error)?;
-    let store = store.events().await?;
+    // The same lease a worker takes: no other driver drives this thread meanwhile.
+    let (claim, mut thread) = store.claim_thread(thread, "keel run").await?;
     let cancel = CancellationToken::new();
     crate::cmd_run::spawn_ctrl_c_handler(cancel.clone());
     let mut context = app()
-        .run_context(store.clone(), None, resolution.approve)
+        .run_context(claim.store(), None, resolution.approve)
         .with_cancel(cancel);
     if output == OutputFormat::Text {
         context = context.with_observer(Arc::new(TextPrinter));
@@ -62,15 +63,11 @@ pub async fn run_if_responses(
     if let Some(telemetry) = crate::config::telemetry_observer() {
         context = context.with_observer(telemetry);
     }
-    let mut thread = match thread {
-        Some(id) => Thread::load(store.as_ref(), id)
-            .await
-            .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}")))?,
-        None => Thread::new(),
-    };
     let outcome = agent
         .run(vec![Message::user(message)], &mut thread, &context)
         .await
-        .map_err(agents::run_error)?;
+        .map_err(agents::run_error);
+    claim.release().await;
+    let outcome = outcome?;
     crate::cmd_run::report(&outcome, output, None, None).map(Some)
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_core::{CancellationToken, Message};
-use keel_runtime::{RunOutcome, Thread};
+use keel_runtime::RunOutcome;
 use keel_testkit::ScriptedModel;
 
 use crate::CliError;
@@ -48,17 +48,22 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         keel_config::OutputFormat::Text => OutputFormat::Text,
     };
     if let Some(name) = &args.workflow {
-        let store = args.store.events().await?;
-        let thread = load_or_new(store.as_ref(), args.thread.as_deref()).await?;
-        return crate::cmd_workflow::run(
+        // The same lease a worker takes: no other driver drives this thread meanwhile.
+        let (claim, thread) = args
+            .store
+            .claim_thread(args.thread.as_deref(), "keel run --workflow")
+            .await?;
+        let outcome = crate::cmd_workflow::run(
             name,
             &args.agent,
-            store,
+            claim.store(),
             thread,
             args.message.join(" "),
             output,
         )
         .await;
+        claim.release().await;
+        return outcome;
     }
     let spec = args.agent.new_run_spec()?;
     let message = args.message.join(" ");
@@ -74,13 +79,11 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         return Ok(code);
     }
     let built = spec.build(0).await?;
-    let opened = args.store.open().await?;
-    let mut thread = load_or_new(opened.events.as_ref(), args.thread.as_deref()).await?;
     // The same lease a worker takes: no other driver drives this thread meanwhile.
-    let claim =
-        keel_app::claim::ThreadClaim::take(opened.events, opened.queue, thread.id(), "keel run")
-            .await
-            .map_err(|e| CliError::failure(e.to_string()))?;
+    let (claim, mut thread) = args
+        .store
+        .claim_thread(args.thread.as_deref(), "keel run")
+        .await?;
     let store = claim.store();
     let cancel = CancellationToken::new();
     spawn_ctrl_c_handler(cancel.clone());
@@ -103,20 +106,6 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         built.scripted.as_ref(),
         args.record_requests.as_ref(),
     )
-}
-
-/// The thread `--thread ID` names (created with this id if it does not exist), else a
-/// new one.
-async fn load_or_new(
-    store: &dyn keel_core::EventStore,
-    id: Option<&str>,
-) -> Result<Thread, CliError> {
-    match id {
-        Some(id) => Thread::load(store, id)
-            .await
-            .map_err(|e| CliError::failure(format!("cannot load thread {id}: {e}"))),
-        None => Ok(Thread::new()),
-    }
 }
 
 /// Writes recorded requests (when asked), prints the JSON object in JSON mode (text mode

@@ -83,7 +83,9 @@ pub async fn run(args: UiArgs) -> Result<u8, CliError> {
     let ui = Ui::new(RunSource::new(store, redactor))
         .with_resumer(Arc::new(resumer))
         .with_trace_dir(trace_dir)
-        .with_eval_results(opened.eval_results);
+        .with_eval_results(opened.eval_results)
+        // Approve, deny and reply take the thread's lease, as `keel approve` does.
+        .with_claims(opened.queue);
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.bind)))?;

@@ -135,6 +135,8 @@ struct Shop {
     holds: Vec<(String, Option<String>)>,
     /// Kill the process after this many requests of the current run (counted from arming).
     kill_after: Option<usize>,
+    /// Kill the process after its first request to this route (the effect is recorded).
+    kill_on_route: Option<&'static str>,
     counted: usize,
     /// The process to kill, and whether it was killed.
     pid: Option<u32>,
@@ -178,9 +180,15 @@ impl ShopServer {
     fn arm(&self, requests: Option<usize>, pid: Option<u32>) {
         let mut shop = self.state.lock().unwrap();
         shop.kill_after = requests;
+        shop.kill_on_route = None;
         shop.counted = 0;
         shop.pid = pid;
         shop.killed = false;
+    }
+
+    /// Arms the kill for the next process's first request to `route`.
+    fn arm_route(&self, route: &'static str) {
+        self.state.lock().unwrap().kill_on_route = Some(route);
     }
 
     fn set_pid(&self, pid: u32) {
@@ -219,7 +227,8 @@ fn record(state: &Shared, route: &str, key: Option<String>, effect: impl FnOnce(
         .push((route.to_string(), thread_of(&key), key));
     effect(&mut shop);
     shop.counted += 1;
-    if shop.kill_after == Some(shop.counted) && !shop.killed {
+    let on_route = shop.kill_on_route.is_some_and(|r| r == route);
+    if (shop.kill_after == Some(shop.counted) || on_route) && !shop.killed {
         let pid = shop.pid.expect("armed without a process");
         let status = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
@@ -333,9 +342,20 @@ impl Harness<'_> {
     /// Runs a child to its end; `kill_after_requests` arms the shop for it.
     fn drive(
         &self,
+        command: Command,
+        crash_after_appends: Option<usize>,
+        kill_after_requests: Option<usize>,
+    ) -> Ended {
+        self.drive_killed_on(command, crash_after_appends, kill_after_requests, None)
+    }
+
+    /// [`Harness::drive`], also killing the process after its first request to `route`.
+    fn drive_killed_on(
+        &self,
         mut command: Command,
         crash_after_appends: Option<usize>,
         kill_after_requests: Option<usize>,
+        route: Option<&'static str>,
     ) -> Ended {
         if let Some(n) = crash_after_appends {
             command.env(
@@ -344,6 +364,9 @@ impl Harness<'_> {
             );
         }
         self.shop.arm(kill_after_requests, None);
+        if let Some(route) = route {
+            self.shop.arm_route(route);
+        }
         let mut child = command.spawn().unwrap();
         self.shop.set_pid(child.id());
         let mut stdout = child.stdout.take().unwrap();
@@ -479,6 +502,69 @@ impl Harness<'_> {
         );
         self.check_effects(&thread, &kill);
         crashed
+    }
+
+    /// The operator changes the agent between the crash and the resume: the charge, killed
+    /// right after the shop recorded it, is declared `idempotent` (with a key) in the agent
+    /// file before `keel resume`. The effect its durable start recorded governs: the charge
+    /// is not run again, the model is told it may have run, and a notice names the flag
+    /// that would force it. The agent file is put back afterwards.
+    fn relaxed_between_crash_and_resume(&mut self) {
+        self.report.conversations += 1;
+        let thread = format!("thr_{}_relaxed_{}", self.label, self.report.conversations);
+        let ended = self.drive_killed_on(self.run(&thread), None, None, Some("charge"));
+        assert!(
+            matches!(ended, Ended::Crashed),
+            "[{}] {thread}: not killed at the charge",
+            self.label
+        );
+        self.report.crashes_after_request += 1;
+        let relaxed = AGENT_FILE.replace(
+            "url = \"${SHOP_URL}/charges\"\ninput_schema = { type = \"object\", properties = { amount_cents = { type = \"integer\" } }, required = [\"amount_cents\"] }\neffect = \"mutating\"",
+            "url = \"${SHOP_URL}/charges\"\ninput_schema = { type = \"object\", properties = { amount_cents = { type = \"integer\" } }, required = [\"amount_cents\"] }\neffect = \"idempotent\"\nhonours_idempotency_key = true",
+        );
+        assert_ne!(
+            relaxed, AGENT_FILE,
+            "the charge's effect was not found to relax"
+        );
+        std::fs::write(self.root.join("agent.toml"), relaxed).unwrap();
+        let outcome = self.finish(&thread, None);
+        std::fs::write(self.root.join("agent.toml"), AGENT_FILE).unwrap();
+        assert_eq!(
+            outcome["end_state"], "done",
+            "[{}] {thread}: {outcome}",
+            self.label
+        );
+        let kill = KillPoint::AfterRequest(0);
+        self.check_effects(&thread, &kill);
+        let shop = self.shop.state.lock().unwrap();
+        let charges = shop.charges.iter().filter(|(t, _)| t == &thread).count();
+        drop(shop);
+        assert_eq!(
+            charges, 1,
+            "[{}] {thread}: charged {charges} times",
+            self.label
+        );
+        let events = self.events(&thread);
+        let told = &results_by_tool(&events)["charge_card"][0];
+        assert_eq!(
+            (
+                &told["details"]["may_have_run"],
+                &told["details"]["relaxed_since_start"]
+            ),
+            (&json!(true), &json!(true)),
+            "[{}] {thread}: {told}",
+            self.label
+        );
+        assert!(
+            events.iter().any(|e| e["type"] == "notice"
+                && e["code"] == "relaxed_call_not_rerun"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("--rerun-relaxed-calls"))),
+            "[{}] {thread}: no notice names the flag",
+            self.label
+        );
     }
 
     /// Counts the conversation's effects at the shop and checks what the model was told.
@@ -638,6 +724,7 @@ fn harness(label: &'static str, root: &Path, store_url: String) {
             assert!(k < 50, "[{label}] the run never finished");
         }
         requests = k - 1;
+        h.relaxed_between_crash_and_resume();
     }
     let report = &h.report;
     eprintln!(

@@ -1,5 +1,5 @@
 //! Two drivers never drive one thread (issue 44): while `keel run` drives a thread, a
-//! `keel resume`, `approve` or `reply` of it is refused with the holder named (command,
+//! `keel resume`, `approve`, `reply`, `run --workflow` or a `keel chat` turn on it is refused with the holder named (command,
 //! pid, host, since when) and writes nothing — before, the second process settled the live
 //! run's in-flight call as "interrupted, may have run" and the live run's real result was
 //! then rejected with a conflict. A driver that was SIGKILLed holds nothing: the next
@@ -99,6 +99,36 @@ fn start_slow_run(dir: &Path, thread: &str) -> std::process::Child {
     child
 }
 
+/// `keel chat --thread THREAD` with one entry on stdin (no terminal: plain lines), then
+/// end of input; returns what it printed (stdout and stderr).
+fn chat_once(dir: &Path, thread: &str, entry: &str) -> String {
+    std::fs::write(dir.join("chat-input.txt"), format!("{entry}\n")).unwrap();
+    std::fs::write(
+        dir.join("chat-script.json"),
+        r#"{"steps": [{"text": "hi"}]}"#,
+    )
+    .unwrap();
+    let mut child = keel(
+        dir,
+        &["chat", "--script", "chat-script.json", "--thread", thread],
+    )
+    .stdin(std::fs::File::open(dir.join("chat-input.txt")).unwrap())
+    .stdout(std::fs::File::create(dir.join("chat-out.txt")).unwrap())
+    .stderr(std::fs::File::create(dir.join("chat-err.txt")).unwrap())
+    .spawn()
+    .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("keel chat did not end within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::read_to_string(dir.join("chat-out.txt")).unwrap()
+        + &std::fs::read_to_string(dir.join("chat-err.txt")).unwrap()
+}
+
 #[test]
 fn a_second_driver_is_refused_while_the_first_lives() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,6 +153,33 @@ fn a_second_driver_is_refused_while_the_first_lives() {
             "{args:?}: the refusal names the holder: {stderr}"
         );
     }
+    // `keel run --workflow` and a `keel chat` turn take the same lease (refused before the
+    // workflow is even built); chat says so and goes on to its next entry.
+    let out = output_within(
+        &mut keel(
+            root,
+            &[
+                "run",
+                "--workflow",
+                "review",
+                "--thread",
+                "thr_two_drivers",
+                "go",
+            ],
+        ),
+        DEADLINE,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(&format!("keel run (pid {}", first.id())),
+        "keel run --workflow drove a live thread: {stderr}"
+    );
+    let chat = chat_once(root, "thr_two_drivers", "hello from a second terminal");
+    assert!(
+        chat.contains("is being driven by keel run (pid ")
+            && chat.contains(&format!("pid {}", first.id())),
+        "keel chat's turn drove a live thread: {chat}"
+    );
     assert_eq!(
         events(root, "thr_two_drivers").len(),
         before,

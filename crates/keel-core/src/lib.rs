@@ -54,7 +54,9 @@ pub use planner::{PlannerAction, PlannerMode};
 pub use policy::{PolicyDecision, PolicyStep, PolicyTable};
 pub use registry::{RegistryError, ToolRegistry};
 pub use state::RunState;
-pub use store::{AppendDurability, EventStore, MemoryStore, RunDurability, StoreError};
+pub use store::{
+    AppendDurability, AppendFence, EventStore, MemoryStore, RunDurability, StoreError,
+};
 pub use tool::{
     ApprovalMode, CredentialLookup, CredentialSource, DynTool, Effect, RetryPolicy, Tool,
     ToolContext, ToolDefinition, ToolSpec, TypedTool,

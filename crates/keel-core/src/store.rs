@@ -44,6 +44,35 @@ pub enum StoreError {
     /// A query the store cannot answer as asked (see [`crate::runs::RunQuery::validate`]).
     #[error("invalid query: {0}")]
     InvalidQuery(String),
+    /// A fenced append ([`EventStore::append_fenced`]) found its lease gone: taken over by
+    /// another driver, lapsed by the store's clock, or ended. Nothing was written.
+    #[error(
+        "append to thread {thread_id} refused: the lease on job {job_id} (token {token}) {reason}; this driver writes nothing more to the thread"
+    )]
+    Fenced {
+        /// Thread.
+        thread_id: String,
+        /// The run-queue job whose lease the append was conditional on.
+        job_id: i64,
+        /// The fencing token the append carried.
+        token: u64,
+        /// What the store found instead (e.g. "was taken over (token 3 now)").
+        reason: String,
+    },
+}
+
+/// The lease an append is conditional on (store-side fencing, docs/durability.md "Leases
+/// and fencing"): the store writes the batch only while run-queue job `job_id` is leased
+/// with fencing token `token` and its lease has not lapsed by the store's own clock —
+/// checked inside the append's transaction, so a driver that lost its lease (a paused
+/// process, a clock step, a takeover it has not heard of yet) can never write after the
+/// next holder started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendFence {
+    /// The run-queue job (a worker's job, or a command's claim).
+    pub job_id: i64,
+    /// Its fencing token, as the lease was granted.
+    pub token: u64,
 }
 
 /// Where a thread stands, derived from its last events.
@@ -250,6 +279,33 @@ pub trait EventStore: Send + Sync {
         let owned: Vec<Event> = events.iter().map(|event| Event::clone(event)).collect();
         self.append_with(thread_id, expected_next_seq, &owned, durability)
             .await
+    }
+
+    /// Whether this store checks an [`AppendFence`] itself, in the append's transaction
+    /// ([`EventStore::append_fenced`]): the SQL stores, whose run queue lives in the same
+    /// database. A store that does not (memory) leaves fencing to its caller's own view of
+    /// the lease.
+    fn fences_appends(&self) -> bool {
+        false
+    }
+
+    /// [`EventStore::append_shared`], written only while `fence` holds (checked by the store
+    /// in the same transaction; else [`StoreError::Fenced`] and nothing is written). This
+    /// default, for stores that cannot check ([`EventStore::fences_appends`] is false),
+    /// refuses every call.
+    async fn append_fenced(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+        fence: AppendFence,
+    ) -> Result<(), StoreError> {
+        let _ = (expected_next_seq, events, durability);
+        Err(StoreError::Backend(format!(
+            "this store cannot check the lease of job {} on an append to thread {thread_id}",
+            fence.job_id
+        )))
     }
 
     /// All events of a thread in order (empty when the thread does not exist).

@@ -618,3 +618,74 @@ async fn a_mutating_call_that_timed_out_gets_no_fallback_and_may_have_run() {
     let answered = results(&events);
     assert!(may_have_run(&answered[0].1), "{answered:?}");
 }
+
+/// A parent whose one call is a sub-agent (an agent as a tool) that places the order.
+fn parent_of(child: ToolAgent) -> ToolAgent {
+    let mut tools = ToolRegistry::new();
+    tools
+        .register(Arc::new(keel_runtime::AgentTool::new(Arc::new(child))))
+        .unwrap();
+    let model = HostedLike::new(vec![
+        Turn::Calls(vec![("shop", json!({"task": "order a book"}))]),
+        Turn::Text("The shop agent ordered it."),
+    ]);
+    ToolAgent::builder("front", model).tools(tools).build()
+}
+
+/// Agents as tools across a crash (issue 44): the sub-agent's idempotent order is
+/// crashed right after the service recorded it. The parent's call of the sub-agent is
+/// durable before it starts, so on resume the parent calls it again under the *recorded*
+/// call id — the same child thread (named after that id), which resumes its own started
+/// order with its recorded key — although the provider gives every answer fresh ids. One
+/// logical order, one effect at the service.
+#[tokio::test]
+async fn a_sub_agents_idempotent_call_keeps_its_key_when_the_parent_is_crashed_and_resumed() {
+    let store = Arc::new(MemoryStore::new());
+    let ledger = Arc::new(Ledger::default());
+    let declared = |behaviour| Declared {
+        honours_key: true,
+        ..tool("place_order", Effect::Idempotent, behaviour)
+    };
+    let (child, crash) = agent(
+        HostedLike::new(order_then_done()),
+        vec![declared(Behaviour::CrashAfterEffect)],
+        PolicyTable::default(),
+        &ledger,
+    );
+    let id = run_until_crash(&parent_of(child), crash, &store).await;
+    let (child, _) = agent(
+        HostedLike::new(order_then_done()),
+        vec![declared(Behaviour::Answer)],
+        PolicyTable::default(),
+        &ledger,
+    );
+    let events = resume(&parent_of(child), &store, &id, false).await;
+    let keys = ledger.effects("place_order");
+    assert_eq!(
+        keys.len(),
+        1,
+        "one logical order, one effect at the service (keys {keys:?}, executions {})",
+        ledger.executions("place_order")
+    );
+    assert_eq!(
+        ledger.executions("place_order"),
+        2,
+        "re-run with the same key"
+    );
+    let answered = results(&events);
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert!(
+        matches!(answered[0].1, ToolResultKind::Ok { .. }),
+        "{answered:?}"
+    );
+    // One child thread: the resumed call found the run it had started.
+    let threads = store
+        .list_threads(&keel_core::store::ThreadFilter::default())
+        .await
+        .unwrap();
+    let children: Vec<_> = threads
+        .iter()
+        .filter(|t| t.thread_id.starts_with(&format!("{id}.sub.")))
+        .collect();
+    assert_eq!(children.len(), 1, "{children:?}");
+}

@@ -377,6 +377,36 @@ impl EventStore for PostgresStore {
             .await
     }
 
+    fn fences_appends(&self) -> bool {
+        true
+    }
+
+    async fn append_fenced(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[std::sync::Arc<Event>],
+        _durability: keel_core::AppendDurability,
+        fence: keel_core::AppendFence,
+    ) -> Result<(), StoreError> {
+        check_batch(
+            thread_id,
+            expected_next_seq,
+            events.iter().map(std::borrow::Borrow::borrow),
+        )?;
+        if events.is_empty() {
+            // Writes nothing, so there is nothing to fence: the position check alone.
+            return self
+                .append_events(thread_id, expected_next_seq, events)
+                .await;
+        }
+        let expected = to_i64("expected_next_seq", expected_next_seq)?;
+        let batch = Batch::new(events, BodyFormat::Whole)?;
+        self.writer
+            .append_fenced(thread_id, expected, batch, fence)
+            .await
+    }
+
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
         self.load_from(thread_id, 0).await
     }

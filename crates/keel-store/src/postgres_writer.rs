@@ -28,7 +28,7 @@ use sqlx::postgres::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::rows::{Batch, backend, conflict, status_columns};
+use crate::rows::{Batch, FencedRow, backend, conflict, fence_refusal, status_columns};
 
 /// Most appends in one group.
 const MAX_GROUP: usize = 512;
@@ -51,6 +51,9 @@ pub(crate) struct PendingAppend {
 pub(crate) struct PgGroupWriter {
     sender: Mutex<Option<mpsc::Sender<PendingAppend>>>,
     stopped: Mutex<Option<oneshot::Receiver<()>>>,
+    /// For fenced appends, which run in a transaction of their own.
+    pool: PgPool,
+    call_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgGroupWriter {
@@ -65,13 +68,72 @@ impl PgGroupWriter {
     pub(crate) fn start(pool: PgPool, in_flight: usize, call_timeout: Duration) -> Self {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (stopped_tx, stopped_rx) = oneshot::channel();
+        let group_pool = pool.clone();
         tokio::spawn(async move {
-            run_loop(pool, receiver, in_flight.max(1), call_timeout).await;
+            run_loop(group_pool, receiver, in_flight.max(1), call_timeout).await;
             let _ = stopped_tx.send(());
         });
         Self {
             sender: Mutex::new(Some(sender)),
             stopped: Mutex::new(Some(stopped_rx)),
+            pool,
+            call_timeout,
+        }
+    }
+
+    /// A fenced append ([`keel_core::AppendFence`]), outside the groups: one transaction
+    /// that reads the lease's run-queue row `FOR SHARE` — a takeover, renewal or completion
+    /// of that job waits for this commit, and this read sees theirs — checks it by the
+    /// database's clock, then runs the same `keel_append_group` call for this one append.
+    pub(crate) async fn append_fenced(
+        &self,
+        thread_id: &str,
+        expected: i64,
+        batch: Batch,
+        fence: keel_core::AppendFence,
+    ) -> Result<(), StoreError> {
+        let attempt = async || {
+            let mut tx = self.pool.begin().await?;
+            let found: Option<(String, i64, bool)> = sqlx::query_as(
+                "SELECT state, lease_token, COALESCE(lease_expires_at > now(), false) \
+                 FROM run_queue WHERE job_id = $1 FOR SHARE",
+            )
+            .bind(fence.job_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let found = found.map(|(state, token, live)| FencedRow { state, token, live });
+            if let Some(refused) = fence_refusal(thread_id, fence, found) {
+                return Ok(Err(refused));
+            }
+            let rows = call_group(&mut *tx, &[(thread_id, expected, &batch)]).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(Ok(rows))
+        };
+        // A deadlock or serialization failure (e.g. with a purge) aborts the whole
+        // transaction, which may simply run again — as a group's call does.
+        let call = async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match attempt().await {
+                    Err(e) if tries < GROUP_ATTEMPTS && is_retryable(&e) => continue,
+                    other => break other,
+                }
+            }
+        };
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Err(_) => Err(StoreError::Backend(format!(
+                "postgres fenced append timed out after {:?}; whether it committed is unknown (reload the thread)",
+                self.call_timeout
+            ))),
+            Ok(Err(e)) => Err(backend("postgres fenced append", e)),
+            Ok(Ok(Err(refused))) => Err(refused),
+            Ok(Ok(Ok(rows))) => match rows.into_iter().next() {
+                Some(row) => answer(thread_id, expected, row),
+                None => Err(StoreError::Backend(
+                    "postgres fenced append answered no row".into(),
+                )),
+            },
         }
     }
 
@@ -164,7 +226,11 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
     let mut attempt = 0;
     let outcome = loop {
         attempt += 1;
-        let call = tokio::time::timeout(call_timeout, call_group(pool, &group)).await;
+        let appends: Vec<(&str, i64, &Batch)> = group
+            .iter()
+            .map(|append| (append.thread_id.as_str(), append.expected, &append.batch))
+            .collect();
+        let call = tokio::time::timeout(call_timeout, call_group(pool, &appends)).await;
         match call {
             Err(_) => {
                 break Err(StoreError::Backend(format!(
@@ -185,19 +251,8 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
     };
     match outcome {
         Ok(rows) => {
-            for (append, (actual, failure)) in group.into_iter().zip(rows) {
-                let answer = match (actual, failure) {
-                    (_, Some(message)) => Err(StoreError::Backend(format!(
-                        "postgres append to thread {}: {message}",
-                        append.thread_id
-                    ))),
-                    (Some(actual), None) => Err(conflict(
-                        &append.thread_id,
-                        u64::try_from(append.expected).unwrap_or(0),
-                        actual,
-                    )),
-                    (None, None) => Ok(()),
-                };
+            for (append, row) in group.into_iter().zip(rows) {
+                let answer = answer(&append.thread_id, append.expected, row);
                 let _ = append.reply.send(answer);
             }
         }
@@ -209,14 +264,38 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
     }
 }
 
+/// One append's answer from its row of `keel_append_group`: a failure, a conflict (the
+/// log's actual length), or written.
+fn answer(
+    thread_id: &str,
+    expected: i64,
+    (actual, failure): (Option<i64>, Option<String>),
+) -> Result<(), StoreError> {
+    match (actual, failure) {
+        (_, Some(message)) => Err(StoreError::Backend(format!(
+            "postgres append to thread {thread_id}: {message}"
+        ))),
+        (Some(actual), None) => Err(conflict(
+            thread_id,
+            u64::try_from(expected).unwrap_or(0),
+            actual,
+        )),
+        (None, None) => Ok(()),
+    }
+}
+
 /// Deadlocks and serialization failures abort the whole call and may simply be retried.
 fn is_retryable(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
 }
 
-async fn call_group(pool: &PgPool, group: &[PendingAppend]) -> Result<GroupRows, sqlx::Error> {
+/// One `keel_append_group` call for `group`'s appends: (thread, expected next seq, batch).
+async fn call_group<'c, X: sqlx::PgExecutor<'c>>(
+    executor: X,
+    group: &[(&str, i64, &Batch)],
+) -> Result<GroupRows, sqlx::Error> {
     let n = group.len();
-    let total: usize = group.iter().map(|a| a.batch.rows.len()).sum();
+    let total: usize = group.iter().map(|(_, _, batch)| batch.rows.len()).sum();
     let mut threads = Vec::with_capacity(n);
     let mut expected = Vec::with_capacity(n);
     let mut statuses: Vec<Option<&str>> = Vec::with_capacity(n);
@@ -233,10 +312,9 @@ async fn call_group(pool: &PgPool, group: &[PendingAppend]) -> Result<GroupRows,
     let mut runs = Vec::with_capacity(total);
     let mut ts = Vec::with_capacity(total);
     let mut bodies = Vec::with_capacity(total);
-    for append in group {
-        let batch = &append.batch;
-        threads.push(append.thread_id.as_str());
-        expected.push(append.expected);
+    for &(thread_id, expected_seq, batch) in group {
+        threads.push(thread_id);
+        expected.push(expected_seq);
         let (status, end_state) = match batch.status.map(status_columns) {
             Some((s, e)) => (Some(s), e),
             None => (None, None),
@@ -280,6 +358,6 @@ async fn call_group(pool: &PgPool, group: &[PendingAppend]) -> Result<GroupRows,
     .bind(runs)
     .bind(ts)
     .bind(bodies)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await
 }

@@ -331,6 +331,41 @@ pub(crate) fn conflict(thread_id: &str, expected: u64, actual: i64) -> StoreErro
     }
 }
 
+/// What a fenced append found of its lease's run-queue row (`None`: no such job).
+pub(crate) struct FencedRow {
+    /// `queued`, `leased`, `done`, …
+    pub state: String,
+    /// The job's fencing token now.
+    pub token: i64,
+    /// Whether its lease expiry is still ahead by the store's clock.
+    pub live: bool,
+}
+
+/// Store-side fencing, shared by the SQL stores: `None` when `found` is the lease `fence`
+/// names, still leased and not lapsed; else the [`StoreError::Fenced`] saying what became
+/// of it.
+pub(crate) fn fence_refusal(
+    thread_id: &str,
+    fence: keel_core::AppendFence,
+    found: Option<FencedRow>,
+) -> Option<StoreError> {
+    let reason = match found {
+        None => "no longer exists".to_string(),
+        Some(row) if u64::try_from(row.token).ok() != Some(fence.token) => {
+            format!("was taken over (token {} now)", row.token)
+        }
+        Some(row) if row.state != "leased" => format!("has ended (the job is {})", row.state),
+        Some(row) if !row.live => "has lapsed by the store's clock".to_string(),
+        Some(_) => return None,
+    };
+    Some(StoreError::Fenced {
+        thread_id: thread_id.to_string(),
+        job_id: fence.job_id,
+        token: fence.token,
+        reason,
+    })
+}
+
 /// Parses a prefix of `source`'s log and rewrites it onto `target`.
 pub(crate) fn rebase(
     source: &str,

@@ -20,17 +20,18 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use keel_core::event::Event;
 use keel_core::store::{
-    AppendDurability, EventStore, StoreError, ThreadFilter, ThreadStatus, ThreadSummary,
-    check_batch,
+    AppendDurability, AppendFence, EventStore, StoreError, ThreadFilter, ThreadStatus,
+    ThreadSummary, check_batch,
 };
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use crate::rows::{
-    Batch, BodyFormat, ThreadRow, backend, conflict, status_columns, to_i64, ts_to_ns_saturating,
+    Batch, BodyFormat, FencedRow, ThreadRow, backend, conflict, fence_refusal, status_columns,
+    to_i64, ts_to_ns_saturating,
 };
 use crate::sqlite_reader::{SqliteReader, read_events};
 use crate::sqlite_writer::{Guard, SqliteWriter, WriterConfig};
@@ -354,14 +355,38 @@ fn write_batch(
     }
 }
 
+/// Store-side fencing ([`AppendFence`]): fails unless `fence`'s job is still leased with
+/// its token and unexpired by the queue's clock. Runs in the append's own transaction on
+/// the one writer, so no takeover can commit between this check and the append.
+fn check_fence(conn: &Connection, thread_id: &str, fence: AppendFence) -> Result<(), StoreError> {
+    let found = conn
+        .prepare_cached(
+            "SELECT state, lease_token, COALESCE(lease_expires_at > ?2, 0) FROM run_queue WHERE job_id = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![fence.job_id, crate::queue::sqlite::now_ns()], |row| {
+                Ok(FencedRow {
+                    state: row.get(0)?,
+                    token: row.get(1)?,
+                    live: row.get(2)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(|e| backend("sqlite check the append's lease", e))?;
+    fence_refusal(thread_id, fence, found).map_or(Ok(()), Err)
+}
+
 impl SqliteStore {
-    /// Appends owned or shared events alike (serialized on the caller's task).
+    /// Appends owned or shared events alike (serialized on the caller's task), after
+    /// checking `fence` in the same transaction when there is one.
     async fn append_events<E: Borrow<Event>>(
         &self,
         thread_id: &str,
         expected_next_seq: u64,
         events: &[E],
         durability: AppendDurability,
+        fence: Option<AppendFence>,
     ) -> Result<(), StoreError> {
         check_batch(
             thread_id,
@@ -374,6 +399,9 @@ impl SqliteStore {
             return self
                 .writer
                 .call_guarded(durability, Guard::Unwritten, move |conn: &Connection| {
+                    if let Some(fence) = fence {
+                        check_fence(conn, &thread, fence)?;
+                    }
                     let actual = event_count(conn, &thread)?;
                     if actual == expected_i {
                         Ok(())
@@ -388,6 +416,9 @@ impl SqliteStore {
         // Guard::Unwritten: write_batch checks before it writes (sqlite_writer docs).
         self.writer
             .call_guarded(durability, Guard::Unwritten, move |conn: &Connection| {
+                if let Some(fence) = fence {
+                    check_fence(conn, &thread, fence)?;
+                }
                 write_batch(conn, &thread, expected_next_seq, &batch)
             })
             .await
@@ -418,7 +449,7 @@ impl EventStore for SqliteStore {
         events: &[Event],
         durability: AppendDurability,
     ) -> Result<(), StoreError> {
-        self.append_events(thread_id, expected_next_seq, events, durability)
+        self.append_events(thread_id, expected_next_seq, events, durability, None)
             .await
     }
 
@@ -429,8 +460,30 @@ impl EventStore for SqliteStore {
         events: &[Arc<Event>],
         durability: AppendDurability,
     ) -> Result<(), StoreError> {
-        self.append_events(thread_id, expected_next_seq, events, durability)
+        self.append_events(thread_id, expected_next_seq, events, durability, None)
             .await
+    }
+
+    fn fences_appends(&self) -> bool {
+        true
+    }
+
+    async fn append_fenced(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+        fence: AppendFence,
+    ) -> Result<(), StoreError> {
+        self.append_events(
+            thread_id,
+            expected_next_seq,
+            events,
+            durability,
+            Some(fence),
+        )
+        .await
     }
 
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {

@@ -161,6 +161,33 @@ queue_cases!(
     queue_dead_letter_snooze_and_cancel_queued,
 );
 
+/// Store-side fencing: the SQL stores check an append's lease in its transaction; the
+/// memory store says it does not (its callers check their own view of the lease).
+mod fenced_appends {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        let (_dir, store) = super::sqlite().await;
+        check(conformance::fenced_appends(Arc::new(store.clone()), Arc::new(store.clone())).await);
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let store = super::postgres().await;
+        let result =
+            conformance::fenced_appends(Arc::new(store.clone()), Arc::new(store.clone())).await;
+        store.drop_schema().await.unwrap();
+        check(result);
+    }
+
+    #[test]
+    fn memory_does_not_claim_to_fence() {
+        assert!(!MemoryStore::new().fences_appends());
+    }
+}
+
 /// The case lists used by `run_all` name exactly the cases above.
 #[test]
 fn case_lists_are_complete() {

@@ -309,8 +309,13 @@ async fn decide(
     let events = ui.source.load_raw(&thread_id).await?;
     // After the thread is found: another tenant's thread is not found either way.
     ui.check_csrf(field(&fields, "csrf"))?;
+    let claim = claim(&ui, &thread_id).await?;
+    let (store, events) = match &claim {
+        // Read again under the lease: what the holder before wrote is seen.
+        Some(claim) => (claim.store(), ui.source.load_raw(&thread_id).await?),
+        None => (ui.source.store().clone(), events),
+    };
     let mut thread = Thread::from_events(&thread_id, events);
-    let store = ui.source.store().clone();
     let context = RunContext::new(store.clone());
     let recorded = if approve {
         thread.approve(&context, &call_id, Some(by)).await
@@ -318,7 +323,10 @@ async fn decide(
         let reason = field(&fields, "reason").map(str::to_string);
         thread.deny_by(&context, &call_id, reason, Some(by)).await
     };
-    recorded.map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))?;
+    if let Err(error) = recorded {
+        release(claim).await;
+        return Err(UiError::conflict(ui.source.redact(&error.to_string())));
+    }
     let decision = if approve { "approved" } else { "denied" };
     match ui.resumer.clone() {
         Some(resumer) => {
@@ -329,7 +337,9 @@ async fn decide(
             let id = thread_id.clone();
             let background = ui.clone();
             tokio::spawn(async move {
-                let said = match resumer.resume(store, &id).await {
+                let resumed = resumer.resume(store, &id).await;
+                release(claim).await;
+                let said = match resumed {
                     Ok(line) => format!("{decision} call {call_id}; {line}"),
                     Err(error) => format!(
                         "{decision} call {call_id}, but the run could not continue: {error} \
@@ -340,14 +350,41 @@ async fn decide(
                 background.note(&id, Some(background.source.redact(&said)));
             });
         }
-        None => ui.note(
-            &thread_id,
-            Some(format!(
-                "{decision} call {call_id}; continue the run with `keel resume {thread_id}`"
-            )),
-        ),
+        None => {
+            release(claim).await;
+            ui.note(
+                &thread_id,
+                Some(format!(
+                    "{decision} call {call_id}; continue the run with `keel resume {thread_id}`"
+                )),
+            );
+        }
     }
     Ok(Redirect::to(&ui.run_href(&thread_id, "")))
+}
+
+/// The thread's lease when this UI drives threads itself ([`Ui::with_claims`]); a thread
+/// another driver holds is a 409 naming the holder.
+async fn claim(ui: &Ui, thread_id: &str) -> Result<Option<keel_app::claim::ThreadClaim>, UiError> {
+    let Some(queue) = &ui.claims else {
+        return Ok(None);
+    };
+    keel_app::claim::ThreadClaim::take(
+        ui.source.store().clone(),
+        queue.clone(),
+        thread_id,
+        "keel ui",
+    )
+    .await
+    .map(Some)
+    .map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))
+}
+
+/// Ends a lease [`claim`] took, if it took one.
+async fn release(claim: Option<keel_app::claim::ThreadClaim>) {
+    if let Some(claim) = claim {
+        claim.release().await;
+    }
 }
 
 /// How long an answer's post waits for the run it continues or starts to show in the log,
@@ -384,15 +421,20 @@ pub(crate) async fn reply(
             "this UI cannot continue runs: answer with `keel reply {url_id} ANSWER`"
         ))
     })?;
-    let store = ui.source.store().clone();
+    let claim = claim(&ui, &thread_id).await?;
+    let (store, events) = match &claim {
+        // Read again under the lease: what the holder before wrote is seen.
+        Some(claim) => (claim.store(), ui.source.load_raw(&thread_id).await?),
+        None => (ui.source.store().clone(), events),
+    };
     let before = events.len();
     if question.in_run {
         let mut thread = Thread::from_events(&thread_id, events);
         let context = RunContext::new(store.clone());
-        thread
-            .answer_user(&context, &answer)
-            .await
-            .map_err(|e| UiError::conflict(ui.source.redact(&e.to_string())))?;
+        if let Err(error) = thread.answer_user(&context, &answer).await {
+            release(claim).await;
+            return Err(UiError::conflict(ui.source.redact(&error.to_string())));
+        }
     }
     ui.note(
         &thread_id,
@@ -412,6 +454,7 @@ pub(crate) async fn reply(
         } else {
             resumer.reply(task_store, &id, &answer).await
         };
+        release(claim).await;
         let said = match done {
             Ok(line) => format!("answered; {line}"),
             Err(error) => format!(

@@ -66,6 +66,10 @@ pub struct Ui {
     /// The anti-forgery token its forms carry: drawn when the UI is made, replaced per
     /// request by a mounting server's session token (see [`csrf`]).
     pub(crate) csrf: Arc<str>,
+    /// Where a decision or an answer takes the thread's lease before it writes (the lease
+    /// a worker and `keel resume` take), held until the run it continues stops: `keel ui`
+    /// drives threads itself. `None` under a server whose continuations are queued jobs.
+    pub(crate) claims: Option<Arc<dyn keel_store::RunQueue>>,
 }
 
 impl std::fmt::Debug for Ui {
@@ -77,6 +81,7 @@ impl std::fmt::Debug for Ui {
             .field("base", &self.base)
             .field("relative_ids", &self.relative_ids)
             .field("evals", &self.evals.is_some())
+            .field("claims", &self.claims.is_some())
             .finish()
     }
 }
@@ -94,7 +99,17 @@ impl Ui {
             notes: Arc::default(),
             evals: None,
             csrf: Arc::from(CsrfToken::random().0),
+            claims: None,
         }
+    }
+
+    /// Decisions and answers take the thread's lease from `queue` (the store's run queue)
+    /// and keep it while the run they continue is driven, so this UI never drives a thread
+    /// another driver holds — a 409 names the holder — and no other driver starts on it
+    /// meanwhile.
+    pub fn with_claims(mut self, queue: Arc<dyn keel_store::RunQueue>) -> Self {
+        self.claims = Some(queue);
+        self
     }
 
     /// This UI as it answers one request: its forms carry the request's anti-forgery

@@ -70,6 +70,8 @@ pub struct Threads {
 pub struct Fixture {
     pub _dir: tempfile::TempDir,
     pub store: Arc<dyn EventStore>,
+    /// The store's run queue: the UI takes threads' leases from it, as `keel ui` does.
+    pub queue: Arc<dyn keel_store::RunQueue>,
     pub base: String,
     pub threads: Threads,
     pub gate: Arc<Semaphore>,
@@ -120,7 +122,8 @@ impl Fixture {
     pub async fn new(live: bool) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("keel.db").display());
-        let store = keel_app::store::open_store(&url).await.unwrap().events;
+        let opened = keel_app::store::open_store(&url).await.unwrap();
+        let (store, queue) = (opened.events, opened.queue);
         let gate = Arc::new(Semaphore::new(0));
         let app = Arc::new(app(dir.path(), gate.clone()));
 
@@ -217,7 +220,8 @@ impl Fixture {
             ))
         }));
         let ui = Ui::new(RunSource::new(store.clone(), Redactor::default()))
-            .with_resumer(Arc::new(resumer));
+            .with_resumer(Arc::new(resumer))
+            .with_claims(queue.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let local = listener.local_addr().unwrap();
         let base = format!("http://{local}");
@@ -232,6 +236,7 @@ impl Fixture {
         Fixture {
             _dir: dir,
             store,
+            queue,
             base,
             threads: Threads {
                 done,

@@ -267,6 +267,83 @@ async fn forks_copy_the_log_and_cross_site_posts_are_refused() {
     assert_eq!(conflict.status().as_u16(), 409);
 }
 
+/// `keel ui` takes the thread's lease before it records a decision (issue 44): while
+/// another driver (here a `keel resume` of another process, holding the same lease) drives
+/// the paused thread, approving is a 409 naming that driver and writes nothing; once it is
+/// gone the approval goes through and the run continues under the UI's own lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approving_a_thread_another_driver_holds_is_refused_with_the_holder_named() {
+    let f = Fixture::new(false).await;
+    let paused = f.threads.paused.clone();
+    let held = f
+        .queue
+        .claim(
+            &paused,
+            "keel resume (pid 4242 started 1 on elsewhere, since 2026-12-03T00:00:00Z)",
+            std::time::Duration::from_secs(60),
+            None,
+        )
+        .await
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let (_, page) = get(&f.url(&format!("/runs/{paused}"))).await;
+    let token = crate::common::csrf_of(&page);
+    let approve = || {
+        client
+            .post(f.url(&format!("/runs/{paused}/approve")))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("origin", f.base.clone())
+            .body(format!("call_id={}&csrf={token}", f.threads.paused_call))
+            .send()
+    };
+    let before = f.store.load(&paused).await.unwrap().len();
+    let refused = approve().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 409);
+    let text = refused.text().await.unwrap();
+    assert!(
+        text.contains("keel resume (pid 4242") && text.contains("since 2026-12-03"),
+        "the refusal names the holder: {text}"
+    );
+    assert_eq!(
+        f.store.load(&paused).await.unwrap().len(),
+        before,
+        "a refused approval wrote to the thread"
+    );
+    f.queue.complete(&held).await.unwrap();
+    let approved = approve().await.unwrap();
+    assert_eq!(approved.status().as_u16(), 303);
+    let store = f.store.clone();
+    crate::common::wait_until(std::time::Duration::from_secs(60), || {
+        let store = store.clone();
+        let id = paused.clone();
+        async move {
+            store
+                .load(&id)
+                .await
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e.kind, keel_core::EventKind::RunEnded { .. }))
+        }
+    })
+    .await;
+    // The UI's lease ends with the run it continued: the thread is free for the next driver.
+    let queue = f.queue.clone();
+    crate::common::wait_until(std::time::Duration::from_secs(60), || {
+        let queue = queue.clone();
+        let id = f.threads.paused.clone();
+        async move {
+            queue
+                .claim(&id, "keel resume", std::time::Duration::from_secs(60), None)
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_figures_of_keel_stats() {
     let f = Fixture::new(false).await;

@@ -9,8 +9,9 @@
 //! before the safe deadline, or the deadline passes without one.
 //!
 //! [`FencedStore`] is the event store a worker's run writes through: it refuses every
-//! append once the lease is lost or past its safe deadline, checks again after each append
-//! returns, and before an append made with [`AppendDurability::Sync`] — the batch that
+//! append once the lease is lost or past its safe deadline, has the store itself check the
+//! lease in the append's transaction where it can (SQLite, Postgres: store-side fencing by
+//! the store's clock, [`AppendFence`]), checks again after each append returns, and before an append made with [`AppendDurability::Sync`] — the batch that
 //! starts a mutating tool call — it renews the lease first, so a mutating call starts only
 //! with a freshly confirmed lease (a full TTL on the store's clock) and is cancelled before
 //! that lease can lapse.
@@ -20,7 +21,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use keel_core::store::{AppendDurability, EventStore, StoreError, ThreadFilter, ThreadSummary};
+use keel_core::store::{
+    AppendDurability, AppendFence, EventStore, StoreError, ThreadFilter, ThreadSummary,
+};
 use keel_core::{CancellationToken, Event};
 use keel_store::{Lease, QueueError, RunQueue};
 use tokio::sync::Notify;
@@ -264,14 +267,44 @@ impl EventStore for FencedStore {
         events: &[Event],
         durability: AppendDurability,
     ) -> Result<(), StoreError> {
+        let shared: Vec<Arc<Event>> = events.iter().cloned().map(Arc::new).collect();
+        self.append_shared(thread_id, expected_next_seq, &shared, durability)
+            .await
+    }
+
+    async fn append_shared(
+        &self,
+        thread_id: &str,
+        expected_next_seq: u64,
+        events: &[Arc<Event>],
+        durability: AppendDurability,
+    ) -> Result<(), StoreError> {
         let before = match durability {
             AppendDurability::Sync => self.keeper.confirm().await,
             _ => self.keeper.check(),
         };
         before.map_err(|loss| self.refused(thread_id, &loss))?;
-        self.inner
-            .append_with(thread_id, expected_next_seq, events, durability)
-            .await?;
+        if self.inner.fences_appends() && !events.is_empty() {
+            // The store checks the lease itself, in the append's transaction, by its own
+            // clock: a takeover this process has not heard of yet still stops the write.
+            let lease = self.keeper.lease();
+            let fence = AppendFence {
+                job_id: lease.job_id,
+                token: lease.token,
+            };
+            let written = self
+                .inner
+                .append_fenced(thread_id, expected_next_seq, events, durability, fence)
+                .await;
+            if let Err(refused @ StoreError::Fenced { .. }) = &written {
+                self.keeper.lose(Loss::Lost(refused.to_string()));
+            }
+            written?;
+        } else {
+            self.inner
+                .append_shared(thread_id, expected_next_seq, events, durability)
+                .await?;
+        }
         // Lost while the append was in flight: it is written, but the run must not act on
         // it (e.g. start the mutating call it announces); the next holder of the lease
         // settles whatever it left open.
@@ -280,8 +313,16 @@ impl EventStore for FencedStore {
             .map_err(|loss| self.refused(thread_id, &loss))
     }
 
+    fn fences_appends(&self) -> bool {
+        self.inner.fences_appends()
+    }
+
     async fn load(&self, thread_id: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.load(thread_id).await
+    }
+
+    async fn load_from(&self, thread_id: &str, from_seq: u64) -> Result<Vec<Event>, StoreError> {
+        self.inner.load_from(thread_id, from_seq).await
     }
 
     async fn list_threads(&self, filter: &ThreadFilter) -> Result<Vec<ThreadSummary>, StoreError> {

@@ -42,7 +42,8 @@ pub struct ChatArgs {
 pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     let spec = args.agent.new_run_spec()?;
     let built = spec.build(0).await?;
-    let store = args.store.events().await?;
+    let opened = args.store.open().await?;
+    let store = opened.events;
     let thread = match &args.thread {
         Some(id) => Thread::load(store.as_ref(), id)
             .await
@@ -70,6 +71,7 @@ pub async fn run(args: ChatArgs) -> Result<u8, CliError> {
     let mut session = Session {
         agent: built.agent,
         store,
+        queue: opened.queue,
         thread,
         context,
         printer,
@@ -172,7 +174,10 @@ impl RunObserver for TraceObserver {
 
 struct Session {
     agent: keel_app::ComposedAgent,
+    /// Unfenced: for reading (history, forks). Turns write through their claim's store.
     store: Arc<dyn EventStore>,
+    /// Where each turn takes the thread's lease.
+    queue: Arc<dyn keel_store::RunQueue>,
     thread: Thread,
     context: RunContext,
     printer: Arc<ChatPrinter>,
@@ -227,10 +232,54 @@ impl Session {
         }
     }
 
+    /// Takes the thread's lease for one turn (the lease `keel run` and a worker take: no
+    /// other driver drives the thread meanwhile; between turns it is free, so `keel approve`
+    /// from another terminal can continue a run this session left paused) and brings the
+    /// session's copy of the thread up to what the log holds, which another driver may have
+    /// extended since the last turn.
+    async fn claim_turn(&mut self) -> Result<keel_app::claim::ThreadClaim, String> {
+        let claim = keel_app::claim::ThreadClaim::take(
+            self.store.clone(),
+            self.queue.clone(),
+            self.thread.id(),
+            "keel chat",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let id = self.thread.id().to_string();
+        let newer = claim
+            .store()
+            .load_from(&id, self.thread.state().next_seq())
+            .await;
+        let caught_up: Result<(), String> = match newer {
+            Ok(newer) if newer.is_empty() => Ok(()),
+            Ok(_) => Thread::load(claim.store().as_ref(), &id)
+                .await
+                .map(|thread| self.thread = thread)
+                .map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        match caught_up {
+            Ok(()) => Ok(claim),
+            Err(error) => {
+                claim.release().await;
+                Err(format!("cannot reload thread {id}: {error}"))
+            }
+        }
+    }
+
     /// One turn: a run on the current thread, cancelled (only it) by Ctrl-C.
     async fn turn(&mut self, text: String) {
+        let claim = match self.claim_turn().await {
+            Ok(claim) => claim,
+            Err(error) => {
+                self.printer.line(&format!("error: {error}"));
+                return;
+            }
+        };
         let cancel = CancellationToken::new();
-        let context = self.context.clone().with_cancel(cancel.clone());
+        let mut context = self.context.clone().with_cancel(cancel.clone());
+        context.store = claim.store();
         let outcome = {
             let run = self
                 .agent
@@ -252,6 +301,7 @@ impl Session {
                 }
             }
         };
+        claim.release().await;
         self.printer.reset();
         match outcome {
             Ok(outcome) => self.record(&outcome),

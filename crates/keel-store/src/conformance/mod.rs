@@ -6,6 +6,7 @@
 //! from a factory. Backends' integration tests call each case as its own `#[test]`.
 
 mod events;
+mod fencing;
 pub mod fixtures;
 mod queue;
 mod runs;
@@ -23,6 +24,7 @@ pub use events::{
     invalid_batch, invalid_batch_among_valid, list_threads, load_from, long_thread, purge,
     read_your_writes, round_trip, same_thread_race,
 };
+pub use fencing::fenced_appends;
 pub use queue::{
     queue_claims_exclude_other_drivers, queue_continuations_lease_first,
     queue_dead_letter_snooze_and_cancel_queued, queue_enqueue_acquire_complete,

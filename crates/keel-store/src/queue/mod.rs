@@ -37,7 +37,7 @@ mod memory;
 mod postgres;
 
 pub(crate) use postgres::LOCK_THREAD_SQL;
-mod sqlite;
+pub(crate) mod sqlite;
 
 use std::time::Duration;
 

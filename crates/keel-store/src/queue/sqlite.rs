@@ -21,7 +21,10 @@ use super::{
 };
 use crate::SqliteStore;
 
-fn now_ns() -> i64 {
+/// The store's one clock for leases (and the fence of an append, `crate::sqlite`): every
+/// process on a SQLite file runs on its machine, so this is the machine's real-time clock,
+/// the one SQLite's own `'now'` reads.
+pub(crate) fn now_ns() -> i64 {
     crate::rows::ts_to_ns_saturating(Utc::now())
 }
 
