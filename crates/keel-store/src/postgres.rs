@@ -348,7 +348,7 @@ impl PostgresStore {
         // Serializing happens here, on the caller's task, before the group is formed.
         let batch = Batch::new(events, BodyFormat::Whole)?;
         self.writer
-            .append(thread_id.to_string(), expected, batch)
+            .append(thread_id.to_string(), expected, batch, None)
             .await
     }
 }
@@ -403,7 +403,7 @@ impl EventStore for PostgresStore {
         let expected = to_i64("expected_next_seq", expected_next_seq)?;
         let batch = Batch::new(events, BodyFormat::Whole)?;
         self.writer
-            .append_fenced(thread_id, expected, batch, fence)
+            .append(thread_id.to_string(), expected, batch, Some(fence))
             .await
     }
 

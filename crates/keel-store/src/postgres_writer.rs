@@ -16,6 +16,12 @@
 //! never deadlock on each other; a deadlock with some other transaction (e.g. a purge) is
 //! retried as a whole.
 //!
+//! Fenced appends ([`keel_core::AppendFence`], a worker's or a command's lease) ride in the
+//! same groups: a group holding any runs in a transaction that first reads those leases'
+//! run-queue rows `FOR SHARE` (in job order) and checks them by the database's clock, so
+//! an append whose lease was taken over, ended or lapsed writes nothing — at the price of
+//! three more round trips for that group, shared by every append in it.
+//!
 //! Sessions run with `synchronous_commit = on` (set on connect), so a reply always means
 //! the commit is on the server's stable storage: [`keel_core::AppendDurability::Sync`]
 //! needs nothing more.
@@ -44,6 +50,8 @@ pub(crate) struct PendingAppend {
     pub thread_id: String,
     pub expected: i64,
     pub batch: Batch,
+    /// The lease the append is conditional on, if any.
+    pub fence: Option<keel_core::AppendFence>,
     pub reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -51,9 +59,6 @@ pub(crate) struct PendingAppend {
 pub(crate) struct PgGroupWriter {
     sender: Mutex<Option<mpsc::Sender<PendingAppend>>>,
     stopped: Mutex<Option<oneshot::Receiver<()>>>,
-    /// For fenced appends, which run in a transaction of their own.
-    pool: PgPool,
-    call_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgGroupWriter {
@@ -68,81 +73,28 @@ impl PgGroupWriter {
     pub(crate) fn start(pool: PgPool, in_flight: usize, call_timeout: Duration) -> Self {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (stopped_tx, stopped_rx) = oneshot::channel();
-        let group_pool = pool.clone();
         tokio::spawn(async move {
-            run_loop(group_pool, receiver, in_flight.max(1), call_timeout).await;
+            run_loop(pool, receiver, in_flight.max(1), call_timeout).await;
             let _ = stopped_tx.send(());
         });
         Self {
             sender: Mutex::new(Some(sender)),
             stopped: Mutex::new(Some(stopped_rx)),
-            pool,
-            call_timeout,
         }
     }
 
-    /// A fenced append ([`keel_core::AppendFence`]), outside the groups: one transaction
-    /// that reads the lease's run-queue row `FOR SHARE` — a takeover, renewal or completion
-    /// of that job waits for this commit, and this read sees theirs — checks it by the
-    /// database's clock, then runs the same `keel_append_group` call for this one append.
-    pub(crate) async fn append_fenced(
-        &self,
-        thread_id: &str,
-        expected: i64,
-        batch: Batch,
-        fence: keel_core::AppendFence,
-    ) -> Result<(), StoreError> {
-        let attempt = async || {
-            let mut tx = self.pool.begin().await?;
-            let found: Option<(String, i64, bool)> = sqlx::query_as(
-                "SELECT state, lease_token, COALESCE(lease_expires_at > now(), false) \
-                 FROM run_queue WHERE job_id = $1 FOR SHARE",
-            )
-            .bind(fence.job_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let found = found.map(|(state, token, live)| FencedRow { state, token, live });
-            if let Some(refused) = fence_refusal(thread_id, fence, found) {
-                return Ok(Err(refused));
-            }
-            let rows = call_group(&mut *tx, &[(thread_id, expected, &batch)]).await?;
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>(Ok(rows))
-        };
-        // A deadlock or serialization failure (e.g. with a purge) aborts the whole
-        // transaction, which may simply run again — as a group's call does.
-        let call = async {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                match attempt().await {
-                    Err(e) if tries < GROUP_ATTEMPTS && is_retryable(&e) => continue,
-                    other => break other,
-                }
-            }
-        };
-        match tokio::time::timeout(self.call_timeout, call).await {
-            Err(_) => Err(StoreError::Backend(format!(
-                "postgres fenced append timed out after {:?}; whether it committed is unknown (reload the thread)",
-                self.call_timeout
-            ))),
-            Ok(Err(e)) => Err(backend("postgres fenced append", e)),
-            Ok(Ok(Err(refused))) => Err(refused),
-            Ok(Ok(Ok(rows))) => match rows.into_iter().next() {
-                Some(row) => answer(thread_id, expected, row),
-                None => Err(StoreError::Backend(
-                    "postgres fenced append answered no row".into(),
-                )),
-            },
-        }
-    }
-
-    /// Queues an append and waits for its group to commit.
+    /// Queues an append and waits for its group to commit. With a `fence`
+    /// ([`keel_core::AppendFence`]) the append is written only while that lease holds: its
+    /// group then runs in a transaction that first reads the fenced leases' run-queue rows
+    /// `FOR SHARE` — a takeover, renewal or completion of those jobs waits for the group's
+    /// commit, and the read sees theirs — and checks each by the database's clock; an
+    /// append whose lease is gone is answered [`StoreError::Fenced`] and left out.
     pub(crate) async fn append(
         &self,
         thread_id: String,
         expected: i64,
         batch: Batch,
+        fence: Option<keel_core::AppendFence>,
     ) -> Result<(), StoreError> {
         let sender = lock(&self.sender).clone().ok_or_else(|| {
             StoreError::Backend("the Postgres store is closed: connect again to write".into())
@@ -153,6 +105,7 @@ impl PgGroupWriter {
                 thread_id,
                 expected,
                 batch,
+                fence,
                 reply,
             })
             .await
@@ -226,11 +179,7 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
     let mut attempt = 0;
     let outcome = loop {
         attempt += 1;
-        let appends: Vec<(&str, i64, &Batch)> = group
-            .iter()
-            .map(|append| (append.thread_id.as_str(), append.expected, &append.batch))
-            .collect();
-        let call = tokio::time::timeout(call_timeout, call_group(pool, &appends)).await;
+        let call = tokio::time::timeout(call_timeout, run_group(pool, &group)).await;
         match call {
             Err(_) => {
                 break Err(StoreError::Backend(format!(
@@ -239,20 +188,12 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
             }
             Ok(Err(e)) if attempt < GROUP_ATTEMPTS && is_retryable(&e) => continue,
             Ok(Err(e)) => break Err(backend("postgres append group", e)),
-            Ok(Ok(rows)) if rows.len() == group.len() => break Ok(rows),
-            Ok(Ok(rows)) => {
-                break Err(StoreError::Backend(format!(
-                    "postgres append group answered {} rows for {} appends",
-                    rows.len(),
-                    group.len()
-                )));
-            }
+            Ok(Ok(answers)) => break answers,
         }
     };
     match outcome {
-        Ok(rows) => {
-            for (append, row) in group.into_iter().zip(rows) {
-                let answer = answer(&append.thread_id, append.expected, row);
+        Ok(answers) => {
+            for (append, answer) in group.into_iter().zip(answers) {
                 let _ = append.reply.send(answer);
             }
         }
@@ -261,6 +202,104 @@ async fn commit_group(pool: &PgPool, mut group: Vec<PendingAppend>, call_timeout
                 let _ = append.reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+/// Runs one group: a lone `keel_append_group` call, or — when appends of it are fenced —
+/// that call inside a transaction that first checks their leases (see
+/// [`PgGroupWriter::append`]). Answers each append in order; `Err` is the call's own
+/// failure (retried when it is a deadlock or serialization failure).
+async fn run_group(
+    pool: &PgPool,
+    group: &[PendingAppend],
+) -> Result<Result<Vec<Result<(), StoreError>>, StoreError>, sqlx::Error> {
+    let fences: Vec<i64> = group
+        .iter()
+        .filter_map(|append| append.fence.map(|fence| fence.job_id))
+        .collect();
+    if fences.is_empty() {
+        let appends: Vec<(&str, i64, &Batch)> = group.iter().map(PendingAppend::parts).collect();
+        let rows = call_group(pool, &appends).await?;
+        return Ok(answers(group.iter(), rows));
+    }
+    let mut tx = pool.begin().await?;
+    // In job order, so two groups lock the same leases in one order.
+    let leases: Vec<(i64, String, i64, bool)> = sqlx::query_as(
+        "SELECT job_id, state, lease_token, COALESCE(lease_expires_at > now(), false) \
+         FROM run_queue WHERE job_id = ANY($1) ORDER BY job_id FOR SHARE",
+    )
+    .bind(&fences)
+    .fetch_all(&mut *tx)
+    .await?;
+    let refusals: Vec<Option<StoreError>> = group
+        .iter()
+        .map(|append| {
+            let fence = append.fence?;
+            let found = leases
+                .iter()
+                .find(|(job_id, ..)| *job_id == fence.job_id)
+                .map(|(_, state, token, live)| FencedRow {
+                    state: state.clone(),
+                    token: *token,
+                    live: *live,
+                });
+            fence_refusal(&append.thread_id, fence, found)
+        })
+        .collect();
+    let admitted: Vec<&PendingAppend> = group
+        .iter()
+        .zip(&refusals)
+        .filter(|(_, refused)| refused.is_none())
+        .map(|(append, _)| append)
+        .collect();
+    let rows = if admitted.is_empty() {
+        Vec::new()
+    } else {
+        let appends: Vec<(&str, i64, &Batch)> =
+            admitted.iter().map(|append| append.parts()).collect();
+        call_group(&mut *tx, &appends).await?
+    };
+    tx.commit().await?;
+    let mut written = match answers(admitted.into_iter(), rows) {
+        Ok(written) => written.into_iter(),
+        Err(failure) => return Ok(Err(failure)),
+    };
+    Ok(Ok(refusals
+        .into_iter()
+        .map(|refused| match refused {
+            Some(refused) => Err(refused),
+            None => written.next().unwrap_or_else(|| {
+                Err(StoreError::Backend(
+                    "postgres append group answered too few rows".into(),
+                ))
+            }),
+        })
+        .collect()))
+}
+
+/// Each append's answer from its row of one `keel_append_group` call; a call that
+/// answered another number of rows than appends fails as a whole.
+fn answers<'a>(
+    appends: impl ExactSizeIterator<Item = &'a PendingAppend>,
+    rows: GroupRows,
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    if rows.len() != appends.len() {
+        return Err(StoreError::Backend(format!(
+            "postgres append group answered {} rows for {} appends",
+            rows.len(),
+            appends.len()
+        )));
+    }
+    Ok(appends
+        .zip(rows)
+        .map(|(append, row)| answer(&append.thread_id, append.expected, row))
+        .collect())
+}
+
+impl PendingAppend {
+    /// What `keel_append_group` needs of it: thread, expected next seq, batch.
+    fn parts(&self) -> (&str, i64, &Batch) {
+        (self.thread_id.as_str(), self.expected, &self.batch)
     }
 }
 

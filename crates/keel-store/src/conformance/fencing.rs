@@ -80,7 +80,8 @@ async fn refused(
 /// A fenced append holds while its lease does: refused with a wrong token, after a
 /// takeover (the old holder), once the job has ended, and once the lease lapsed by the
 /// store's clock although nobody took it over — the case of a clock step or a paused
-/// process, where the holder's own view of its lease is wrong.
+/// process, where the holder's own view of its lease is wrong — and, many at once, each by
+/// its own fence.
 pub async fn fenced_appends(store: Arc<dyn EventStore>, queue: Arc<dyn RunQueue>) -> R {
     ensure(C, store.fences_appends(), || {
         "the store does not say it fences appends".into()
@@ -131,6 +132,58 @@ pub async fn fenced_appends(store: Arc<dyn EventStore>, queue: Arc<dyn RunQueue>
     ensure(C, matches!(ended, Err(StoreError::Fenced { .. })), || {
         format!("append after the job completed: {ended:?}")
     })?;
+
+    // Many at once (the SQL stores group concurrent appends): each append is answered by
+    // its own fence, a refused one never fails nor blocks the others of its group.
+    let mut leases = Vec::new();
+    for n in 0..16 {
+        let thread = format!("fenced-many-{n}");
+        queue
+            .enqueue(&thread, &json!({}))
+            .await
+            .map_err(queue_error("enqueue"))?;
+        let lease = queue
+            .acquire("w-many", LONG)
+            .await
+            .map_err(queue_error("acquire"))?
+            .ok_or_else(|| fail(C, "no job"))?;
+        leases.push((thread, lease));
+    }
+    let mut appends = tokio::task::JoinSet::new();
+    for (n, (thread, lease)) in leases.iter().enumerate() {
+        let store = store.clone();
+        let thread = thread.clone();
+        let mut with = fence(lease);
+        if n % 2 == 1 {
+            with.token = with.token.saturating_add(7);
+        }
+        appends.spawn(async move {
+            let written = append(store.as_ref(), &thread, 0, with).await;
+            (n, written)
+        });
+    }
+    while let Some(joined) = appends.join_next().await {
+        let (n, written) = joined.map_err(|e| fail(C, format!("append task: {e}")))?;
+        let fenced = matches!(written, Err(StoreError::Fenced { .. }));
+        ensure(
+            C,
+            (n % 2 == 1) == fenced && (fenced || written.is_ok()),
+            || format!("concurrent append {n}: {written:?}"),
+        )?;
+    }
+    for (n, (thread, _)) in leases.iter().enumerate() {
+        let len = store
+            .load(thread)
+            .await
+            .map_err(|e| fail(C, format!("load: {e}")))?
+            .len();
+        ensure_eq(
+            C,
+            "events of a concurrent append",
+            len,
+            usize::from(n % 2 == 0),
+        )?;
+    }
 
     // Lapsed by the store's clock, nobody else holding it.
     let lapsing = "fenced-2";
