@@ -520,10 +520,10 @@ impl Connection {
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let peer = live.service.peer().clone();
-        let handle = match peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
-        {
+        // The call's durable key travels with it: a server that deduplicates can take it.
+        let mut options = PeerRequestOptions::no_options();
+        options.meta = Some(crate::convert::idempotency_meta(&ctx.idempotency_key));
+        let handle = match peer.send_request_with_option(request, options).await {
             Ok(handle) => handle,
             Err(error) => {
                 self.mark_lost(live.generation, &error.to_string());

@@ -114,10 +114,34 @@ pub fn effect_from_annotations(annotations: Option<&Value>) -> (Effect, Approval
     }
 }
 
+/// The `_meta` key of a `tools/call` request that carries the call's idempotency key:
+/// the key fixed by the call's durable start (`thread:call`), the same on every attempt
+/// and every resume. A server that deduplicates effects can take it (Keel's own `keel mcp
+/// serve` does); others ignore an unknown `_meta` key, as the protocol says they must.
+pub const IDEMPOTENCY_KEY_META: &str = "dev.keel/idempotencyKey";
+
+/// The longest idempotency key a served call accepts from a client's `_meta`.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 512;
+
+/// The `_meta` of a `tools/call` carrying `key` ([`IDEMPOTENCY_KEY_META`]).
+pub fn idempotency_meta(key: &str) -> rmcp::model::RequestMetaObject {
+    let mut map = serde_json::Map::new();
+    map.insert(IDEMPOTENCY_KEY_META.into(), Value::String(key.to_string()));
+    rmcp::model::RequestMetaObject(rmcp::model::MetaObject(map))
+}
+
+/// The idempotency key a client sent in a `tools/call`'s `_meta`, when it sent a usable
+/// one (a non-empty string of at most [`MAX_IDEMPOTENCY_KEY_LEN`] bytes).
+pub fn idempotency_key_from_meta(meta: Option<&rmcp::model::RequestMetaObject>) -> Option<String> {
+    let key = meta?.0.0.get(IDEMPOTENCY_KEY_META)?.as_str()?;
+    (!key.trim().is_empty() && key.len() <= MAX_IDEMPOTENCY_KEY_LEN).then(|| key.to_string())
+}
+
 /// The executor's retry policy for an MCP tool with this effect.
 ///
 /// Keel retries a mutating call only when the tool honours the call's idempotency key
-/// (and then with the same key). MCP has no way to pass that key to a server, so a
+/// (and then with the same key). The key goes to every server in `_meta`
+/// ([`IDEMPOTENCY_KEY_META`]), but MCP has no way for a server to say it honours it, so a
 /// mutating MCP tool gets exactly one attempt: a retryable failure (timeout, server
 /// restart) comes back as data, and the model or the run's policy decides whether to
 /// repeat a call that may already have taken effect. Read-only and idempotent tools can be

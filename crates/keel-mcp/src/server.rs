@@ -14,9 +14,10 @@
 //! `forbidden`, and a call that would need a human's approval is refused with `forbidden`
 //! saying no approver is configured for an MCP-served tool — nothing runs either way. A
 //! tool that panics answers `tool_bug` instead of taking the request down. Each served
-//! connection is a session with its own id, and a call's idempotency key is
-//! `mcp:<session id>:<JSON-RPC request id>`, unique across sessions (clients restart
-//! their request ids at 0).
+//! connection is a session with its own id, and a call's idempotency key is the one the
+//! client sent in `_meta` (`dev.keel/idempotencyKey`, what a Keel client sends: its call's
+//! durable key) or else `mcp:<session id>:<JSON-RPC request id>`, unique across sessions
+//! (clients restart their request ids at 0).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -338,7 +339,10 @@ impl ServerHandler for KeelMcpServer {
             serde_json::to_value(&context.id).unwrap_or(Value::Null)
         );
         let mut ctx = ToolContext::new("mcp", self.session.clone(), call_id, cancel.clone());
-        ctx.idempotency_key = self.idempotency_key(&ctx.call_id);
+        // A client's own durable key (a Keel client sends its call's) is the call's key:
+        // the same on the client's every attempt and resume. Else one of this session.
+        ctx.idempotency_key = crate::convert::idempotency_key_from_meta(Some(&context.meta))
+            .unwrap_or_else(|| self.idempotency_key(&ctx.call_id));
         // A panicking tool answers `tool_bug`; the session and other calls go on.
         let call = AssertUnwindSafe(tool.call(args, &ctx))
             .catch_unwind()

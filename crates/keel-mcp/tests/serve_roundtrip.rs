@@ -130,9 +130,38 @@ impl Tool for FailLoudly {
     }
 }
 
+#[derive(Serialize, JsonSchema)]
+struct KeyOutput {
+    idempotency_key: String,
+}
+
+/// Answers with the idempotency key its call was given on the server's side.
+struct EchoKey;
+
+impl Tool for EchoKey {
+    type Args = NoArgs;
+    type Output = KeyOutput;
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec::new(
+            "echo_key",
+            "Returns the call's idempotency key.",
+            "Call with {}; returns {idempotency_key}.",
+        )
+        .with_effect(Effect::Mutating)
+    }
+
+    async fn call(&self, _args: NoArgs, ctx: &ToolContext) -> Result<KeyOutput, ToolError> {
+        Ok(KeyOutput {
+            idempotency_key: ctx.idempotency_key.clone(),
+        })
+    }
+}
+
 fn registry() -> ToolRegistry {
     let mut registry = ToolRegistry::new();
     registry.register_typed(AddNumbers).unwrap();
+    registry.register_typed(EchoKey).unwrap();
     registry.register_typed(WaitForCancel).unwrap();
     registry.register_typed(FailLoudly).unwrap();
     registry
@@ -197,6 +226,7 @@ async fn round_trip_with_keel_client() {
         status.tools,
         vec![
             "keel__add_numbers",
+            "keel__echo_key",
             "keel__fail_loudly",
             "keel__wait_for_cancel"
         ]
@@ -227,6 +257,18 @@ async fn round_trip_with_keel_client() {
 
     let out = add.call(json!({"a": 2, "b": 3}), &ctx("v1")).await.unwrap();
     assert_eq!(out, json!({"sum": 5}));
+
+    // The call's durable key reaches the server (`_meta`), the same on every attempt.
+    let echo = tools
+        .iter()
+        .find(|t| t.spec().name == "keel__echo_key")
+        .unwrap();
+    let mut keyed = ctx("k1");
+    keyed.idempotency_key = "thr_exact:call_9".into();
+    for _ in 0..2 {
+        let out = echo.call(json!({}), &keyed).await.unwrap();
+        assert_eq!(out, json!({"idempotency_key": "thr_exact:call_9"}));
+    }
 
     let error = add
         .call(json!({"a": "two", "b": 3}), &ctx("v2"))

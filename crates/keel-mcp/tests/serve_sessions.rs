@@ -153,6 +153,42 @@ async fn call(client: &RunningService<rmcp::RoleClient, ()>, tool: &str) -> Valu
     serde_json::to_value(result).unwrap()
 }
 
+/// A client's own key in `_meta` is the call's key, in any session; a blank or oversized
+/// one is ignored for the session's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_key_in_meta_is_the_calls_key_in_every_session() {
+    let fixture = fixture();
+    let keyed = |key: &str| {
+        let mut params = CallToolRequestParams::new("record_key".to_string());
+        params.arguments = Some(serde_json::Map::new());
+        params.meta = Some(keel_mcp::convert::idempotency_meta(key));
+        params
+    };
+    let mut seen = Vec::new();
+    for key in ["thr_1:call_4", "thr_1:call_4", " ", &"x".repeat(2_000)] {
+        let client = session(fixture.server.clone()).await;
+        let result = tokio::time::timeout(REQUEST_DEADLINE, client.call_tool(keyed(key)))
+            .await
+            .unwrap()
+            .unwrap();
+        let result = serde_json::to_value(result).unwrap();
+        seen.push(
+            result["structuredContent"]["idempotency_key"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        client.cancel().await.unwrap();
+    }
+    assert_eq!(seen[0], "thr_1:call_4");
+    assert_eq!(
+        seen[1], "thr_1:call_4",
+        "a retry in a new session keeps the key"
+    );
+    assert!(seen[2].starts_with("mcp:"), "{seen:?}");
+    assert!(seen[3].starts_with("mcp:"), "{:?}", &seen[3][..20]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_keys_differ_between_sessions_with_the_same_request_id() {
     let fixture = fixture();
