@@ -318,12 +318,15 @@ fn summary_from_row(row: &sqlx::postgres::PgRow) -> Result<ThreadSummary, StoreE
 }
 
 impl PostgresStore {
-    /// Appends owned or shared events alike (serialized on the caller's task).
+    /// Appends owned or shared events alike (serialized on the caller's task), written only
+    /// while `fence` holds when there is one (an empty batch writes nothing, so it only has
+    /// its position checked).
     async fn append_events<E: std::borrow::Borrow<Event>>(
         &self,
         thread_id: &str,
         expected_next_seq: u64,
         events: &[E],
+        fence: Option<keel_core::AppendFence>,
     ) -> Result<(), StoreError> {
         check_batch(
             thread_id,
@@ -348,7 +351,7 @@ impl PostgresStore {
         // Serializing happens here, on the caller's task, before the group is formed.
         let batch = Batch::new(events, BodyFormat::Whole)?;
         self.writer
-            .append(thread_id.to_string(), expected, batch, None)
+            .append(thread_id.to_string(), expected, batch, fence)
             .await
     }
 }
@@ -361,7 +364,7 @@ impl EventStore for PostgresStore {
         expected_next_seq: u64,
         events: &[Event],
     ) -> Result<(), StoreError> {
-        self.append_events(thread_id, expected_next_seq, events)
+        self.append_events(thread_id, expected_next_seq, events, None)
             .await
     }
 
@@ -373,7 +376,7 @@ impl EventStore for PostgresStore {
         _durability: keel_core::AppendDurability,
     ) -> Result<(), StoreError> {
         // Every Postgres commit is synchronous: there is no weaker level to honour.
-        self.append_events(thread_id, expected_next_seq, events)
+        self.append_events(thread_id, expected_next_seq, events, None)
             .await
     }
 
@@ -389,21 +392,7 @@ impl EventStore for PostgresStore {
         _durability: keel_core::AppendDurability,
         fence: keel_core::AppendFence,
     ) -> Result<(), StoreError> {
-        check_batch(
-            thread_id,
-            expected_next_seq,
-            events.iter().map(std::borrow::Borrow::borrow),
-        )?;
-        if events.is_empty() {
-            // Writes nothing, so there is nothing to fence: the position check alone.
-            return self
-                .append_events(thread_id, expected_next_seq, events)
-                .await;
-        }
-        let expected = to_i64("expected_next_seq", expected_next_seq)?;
-        let batch = Batch::new(events, BodyFormat::Whole)?;
-        self.writer
-            .append(thread_id.to_string(), expected, batch, Some(fence))
+        self.append_events(thread_id, expected_next_seq, events, Some(fence))
             .await
     }
 

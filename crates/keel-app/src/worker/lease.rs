@@ -11,10 +11,11 @@
 //! [`FencedStore`] is the event store a worker's run writes through: it refuses every
 //! append once the lease is lost or past its safe deadline, has the store itself check the
 //! lease in the append's transaction where it can (SQLite, Postgres: store-side fencing by
-//! the store's clock, [`AppendFence`]), checks again after each append returns, and before an append made with [`AppendDurability::Sync`] — the batch that
-//! starts a mutating tool call — it renews the lease first, so a mutating call starts only
-//! with a freshly confirmed lease (a full TTL on the store's clock) and is cancelled before
-//! that lease can lapse.
+//! the store's clock, [`AppendFence`]), checks again after each append returns, and before
+//! an append made with [`AppendDurability::Sync`] — the batch that starts a mutating tool
+//! call — it renews the lease first, so a mutating call starts only with a freshly
+//! confirmed lease (a full TTL on the store's clock) and is cancelled before that lease can
+//! lapse.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
